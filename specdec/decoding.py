@@ -1,0 +1,296 @@
+"""The two decoding loops: `generate` (plain, KV-cached) and `speculative_generate`.
+
+Invariant shared by both loops: after every step the target's cache holds the K/V of
+exactly the accepted sequence except its last token, which is "pending" -- it is the
+first input of the next forward pass. Positions are absolute token indices, so the
+cache length is always the position of the pending token.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import torch
+
+from .drafters import Drafter, as_drafter
+from .models.base import LanguageModel, as_language_model
+from .sampling import SamplingParams, greedy_accept, logits_to_probs, rejection_sample, select
+
+
+@dataclass
+class Stats:
+    """What a generation cost, and how well the drafter did.
+
+    target_calls: target forward passes, the prefill included.
+    draft_calls: draft-model forward passes (0 for a model-free drafter such as n-gram).
+    drafted: tokens proposed by the drafter, summed over steps.
+    accepted: proposed tokens the target accepted (bonus and correction tokens excluded).
+    accepted_per_position[i]: among steps that proposed at least i+1 tokens, the fraction
+        in which drafts 1..i+1 were all accepted (so it can only fall with i).
+    generated: new tokens returned.
+    timings: seconds spent in the target prefill, in the drafter, and in target
+        verification / decode passes ("prefill", "draft", "verify").
+    """
+
+    target_calls: int = 0
+    draft_calls: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    generated: int = 0
+    proposed_at: list[int] = field(default_factory=list)  # steps that proposed >= i+1 tokens
+    accepted_at: list[int] = field(default_factory=list)  # steps that accepted >= i+1 tokens
+    timings: dict = field(default_factory=lambda: {"prefill": 0.0, "draft": 0.0, "verify": 0.0})
+
+    @property
+    def acceptance_rate(self) -> float:
+        """accepted / drafted (nan when nothing was drafted)."""
+        return self.accepted / self.drafted if self.drafted else math.nan
+
+    @property
+    def accepted_per_position(self) -> list[float]:
+        return [a / p for a, p in zip(self.accepted_at, self.proposed_at)]
+
+    @property
+    def tokens_per_target_call(self) -> float:
+        """New tokens per target forward pass, prefill included: exactly 1.0 for plain decoding
+        that runs to its limit; k+1 at most per verification pass (accepted drafts + 1)."""
+        return self.generated / self.target_calls if self.target_calls else math.nan
+
+    def record_step(self, drafted: int, accepted: int) -> None:
+        self.drafted += drafted
+        self.accepted += accepted
+        for store, n in ((self.proposed_at, drafted), (self.accepted_at, accepted)):
+            store.extend([0] * (n - len(store)))
+            for i in range(n):
+                store[i] += 1
+
+
+@dataclass
+class Generation:
+    """token_ids: new tokens only, ending with the EOS token when finish_reason == "eos".
+    text: their decoding with special tokens skipped (None without a tokenizer).
+    finish_reason: "eos" or "length"."""
+
+    token_ids: list[int]
+    text: str | None
+    finish_reason: str
+    stats: Stats
+    prompt_ids: list[int]
+
+
+class _Timer:
+    """Adds wall time to stats.timings[key]; synchronizes CUDA so async kernels are counted."""
+
+    def __init__(self, stats: Stats, device: torch.device):
+        self.stats, self.cuda = stats, device.type == "cuda"
+
+    def __call__(self, key: str):
+        self.key = key
+        return self
+
+    def __enter__(self):
+        if self.cuda:
+            torch.cuda.synchronize()
+        self.t0 = time.perf_counter()
+
+    def __exit__(self, *exc):
+        if self.cuda:
+            torch.cuda.synchronize()
+        self.stats.timings[self.key] += time.perf_counter() - self.t0
+
+
+# ----------------------------------------------------------------------------- input checks
+
+
+def check_sampling(temperature, top_k, top_p) -> SamplingParams:
+    if not isinstance(temperature, (int, float)) or isinstance(temperature, bool) or not math.isfinite(temperature):
+        raise TypeError(f"temperature must be a finite number, got {temperature!r}")
+    if temperature < 0:
+        raise ValueError(f"temperature must be >= 0 (0 is greedy), got {temperature}")
+    if top_k is not None and (not isinstance(top_k, int) or isinstance(top_k, bool) or top_k < 1):
+        raise ValueError(f"top_k must be a positive integer, got {top_k!r}")
+    if top_p is not None and not (isinstance(top_p, (int, float)) and 0 < top_p <= 1):
+        raise ValueError(f"top_p must be in (0, 1], got {top_p!r}")
+    return SamplingParams(float(temperature), top_k, None if top_p is None else float(top_p))
+
+
+def check_max_tokens(max_tokens) -> int:
+    if not isinstance(max_tokens, int) or isinstance(max_tokens, bool):
+        raise TypeError(f"max_tokens must be an integer, got {type(max_tokens).__name__}")
+    if max_tokens < 0:
+        raise ValueError(f"max_tokens must be >= 0, got {max_tokens}")
+    return max_tokens
+
+
+def encode_prompt(prompt, tokenizer, model: LanguageModel, chat: bool) -> list[int]:
+    """Token ids of the prompt: a string (optionally wrapped in the chat template) or ids."""
+    if isinstance(prompt, str):
+        if not prompt:
+            raise ValueError("prompt is empty")
+        if tokenizer is None:
+            raise ValueError("a string prompt needs a tokenizer (or pass token ids)")
+        if chat:
+            if not getattr(tokenizer, "chat_template", None):
+                raise ValueError("chat=True but the tokenizer has no chat template")
+            text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}],
+                                                 tokenize=False, add_generation_prompt=True)
+            ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        else:
+            ids = tokenizer(prompt)["input_ids"]
+    elif isinstance(prompt, (Sequence, torch.Tensor)):
+        if chat:
+            raise ValueError("chat=True needs a string prompt, not token ids")
+        ids = prompt.tolist() if isinstance(prompt, torch.Tensor) else list(prompt)
+        if not ids:
+            raise ValueError("prompt is empty")
+        if not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+            raise TypeError("prompt token ids must be integers")
+    else:
+        raise TypeError(f"prompt must be a string or a list of token ids, got {type(prompt).__name__}")
+    bad = [t for t in ids if not 0 <= t < model.vocab_size]
+    if bad:
+        raise ValueError(f"prompt token id {bad[0]} is outside the vocabulary [0, {model.vocab_size})")
+    return ids
+
+
+def check_context(model: LanguageModel, n_prompt: int, max_tokens: int) -> None:
+    # Drafts are capped so that no pass runs past prompt + max_tokens positions.
+    if n_prompt + max_tokens > model.max_context:
+        raise ValueError(f"prompt ({n_prompt} tokens) + max_tokens ({max_tokens}) exceeds "
+                         f"{model.name}'s context of {model.max_context} tokens")
+
+
+def check_same_vocab(target: LanguageModel, drafter: Drafter, tokenizer) -> None:
+    t_tok = target.tokenizer or tokenizer
+    d_tok = drafter.tokenizer
+    if t_tok is not None and d_tok is not None and t_tok is not d_tok:
+        if t_tok.get_vocab() != d_tok.get_vocab():
+            raise ValueError("the draft's tokenizer differs from the target's: speculative decoding "
+                             "needs a shared vocabulary")
+    if drafter.vocab_size is not None and drafter.vocab_size != target.vocab_size:
+        raise ValueError(f"the draft's vocabulary ({drafter.vocab_size}) differs from the "
+                         f"target's ({target.vocab_size})")
+
+
+def _generator(seed, device) -> torch.Generator:
+    gen = torch.Generator(device=device)
+    if seed is None:
+        gen.seed()
+    else:
+        gen.manual_seed(int(seed))
+    return gen
+
+
+def _finish(tokens: list[int], new: list[int], eos: tuple[int, ...], max_tokens: int) -> str | None:
+    """Append `new` to `tokens`, cutting at the first EOS or at max_tokens; the reason, if it ended."""
+    for t in new:
+        tokens.append(t)
+        if t in eos:
+            return "eos"
+        if len(tokens) >= max_tokens:
+            return "length"
+    return None
+
+
+def _decode(tokenizer, ids) -> str | None:
+    return None if tokenizer is None else tokenizer.decode(ids, skip_special_tokens=True)
+
+
+# ----------------------------------------------------------------------------- the loops
+
+
+def generate(model, tokenizer, prompt, max_tokens: int, *, temperature=0.0, top_k=None, top_p=None,
+             seed=None, chat=False, stream: Callable[[list[int]], None] | None = None) -> Generation:
+    """Plain decoding: one prefill pass picks the first token from the last prompt position;
+    each later token is one pass over only the newest token, reusing the cache."""
+    model = as_language_model(model, tokenizer)
+    params = check_sampling(temperature, top_k, top_p)
+    max_tokens = check_max_tokens(max_tokens)
+    prompt_ids = encode_prompt(prompt, tokenizer, model, chat)
+    check_context(model, len(prompt_ids), max_tokens)
+    stats = Stats()
+    out: list[int] = []
+    if max_tokens == 0:
+        return Generation(out, _decode(tokenizer, out), "length", stats, prompt_ids)
+    gen = _generator(seed, model.device)
+    timer = _Timer(stats, model.device)
+
+    model.reset(len(prompt_ids) + max_tokens)
+    with timer("prefill"):
+        logits = model.forward(prompt_ids, last_only=True)[-1]
+        token = select(logits, params, gen)
+    stats.target_calls += 1
+    while True:
+        reason = _finish(out, [token], model.eos_token_ids, max_tokens)
+        if stream:
+            stream([token])
+        if reason:
+            break
+        with timer("verify"):
+            token = select(model.forward([token])[-1], params, gen)
+        stats.target_calls += 1
+    stats.generated = len(out)
+    return Generation(out, _decode(tokenizer, out), reason, stats, prompt_ids)
+
+
+def speculative_generate(model, draft, tokenizer, prompt, max_tokens: int, *, num_draft_tokens=4,
+                         temperature=0.0, top_k=None, top_p=None, seed=None, chat=False,
+                         stream: Callable[[list[int]], None] | None = None) -> Generation:
+    """Speculative decoding: the drafter proposes k tokens, the target scores
+    [pending, d1..dk] in one pass, and the acceptance rule keeps a prefix plus one
+    target token. Greedy output equals `generate`'s; sampled output has its distribution."""
+    model = as_language_model(model, tokenizer)
+    drafter = as_drafter(draft, tokenizer)
+    params = check_sampling(temperature, top_k, top_p)
+    max_tokens = check_max_tokens(max_tokens)
+    k = num_draft_tokens
+    if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+        raise ValueError(f"num_draft_tokens must be an integer >= 1, got {k!r}")
+    check_same_vocab(model, drafter, tokenizer)
+    prompt_ids = encode_prompt(prompt, tokenizer, model, chat)
+    check_context(model, len(prompt_ids), max_tokens)
+    stats = Stats()
+    out: list[int] = []
+    if max_tokens == 0:
+        return Generation(out, _decode(tokenizer, out), "length", stats, prompt_ids)
+    gen = _generator(seed, model.device)
+    timer = _Timer(stats, model.device)
+    capacity = len(prompt_ids) + max_tokens
+
+    model.reset(capacity)
+    drafter.begin(capacity)
+    with timer("prefill"):
+        token = select(model.forward(prompt_ids, last_only=True)[-1], params, gen)
+    stats.target_calls += 1
+    reason = _finish(out, [token], model.eos_token_ids, max_tokens)
+    if stream:
+        stream([token])
+    while not reason:
+        ids = prompt_ids + out
+        # Drafts past max_tokens - 1 could never be kept: the step always adds one target token.
+        k_step = min(k, max_tokens - len(out) - 1)
+        drafted, q = [], None
+        if k_step > 0:
+            with timer("draft"):
+                drafted, q = drafter.propose(ids, k_step, params, gen)
+        with timer("verify"):
+            logits = model.forward([ids[-1]] + drafted)
+            if params.greedy:
+                n_acc, token = greedy_accept(drafted, logits)
+            else:
+                n_acc, token = rejection_sample(drafted, q, logits_to_probs(logits, params), gen)
+        stats.target_calls += 1
+        stats.record_step(len(drafted), n_acc)
+        before = len(out)
+        reason = _finish(out, drafted[:n_acc] + [token], model.eos_token_ids, max_tokens)
+        # Roll back rejected drafts (and anything after an EOS): the cache keeps the
+        # accepted sequence minus its pending last token.
+        model.rollback(len(prompt_ids) + len(out) - 1)
+        drafter.commit(prompt_ids + out)
+        if stream:
+            stream(out[before:])
+    stats.draft_calls = drafter.calls
+    stats.generated = len(out)
+    return Generation(out, _decode(tokenizer, out), reason, stats, prompt_ids)

@@ -1,0 +1,141 @@
+"""Drafters: cheap proposers of the next few tokens.
+
+A drafter sees the accepted sequence (prompt + generated so far, whose last token the
+target has not run yet) and proposes up to k tokens, with the distribution q it drew
+them from (None when it is deterministic: q is then one-hot on each proposal).
+
+    drafter.begin(capacity)                 before a generation
+    drafter.propose(ids, k, params, gen)    -> (tokens, q or None)
+    drafter.commit(ids)                     the accepted sequence after verification
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import torch
+
+from .models.base import LanguageModel, as_language_model
+from .sampling import SamplingParams, logits_to_probs, sample
+
+
+class Drafter:
+    """Base class: counts its forward passes and the time it spends."""
+
+    vocab_size: int | None = None
+    tokenizer = None
+
+    def __init__(self):
+        self.calls = 0
+        self.seconds = 0.0
+
+    def begin(self, capacity: int) -> None:
+        self.calls, self.seconds = 0, 0.0
+
+    def propose(self, ids: list[int], k: int, params: SamplingParams, generator):
+        raise NotImplementedError
+
+    def commit(self, ids: list[int]) -> None:
+        pass
+
+
+class NgramDrafter(Drafter):
+    """Prompt lookup: find the most recent earlier occurrence of the last n tokens
+    (n from max_ngram down to min_ngram) and propose what followed it.
+
+    Free to run and deterministic, so q is one-hot. It shines where the output copies
+    from the input (summaries, retrieval QA, code edits) and proposes nothing elsewhere.
+    """
+
+    def __init__(self, max_ngram: int = 3, min_ngram: int = 1):
+        super().__init__()
+        if not 1 <= min_ngram <= max_ngram:
+            raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
+        self.max_ngram, self.min_ngram = max_ngram, min_ngram
+
+    def propose(self, ids, k, params, generator):
+        start = time.perf_counter()
+        tokens = lookup(np.asarray(ids), k, self.max_ngram, self.min_ngram)
+        self.seconds += time.perf_counter() - start
+        return tokens, None
+
+    def __repr__(self) -> str:
+        return f"NgramDrafter(max_ngram={self.max_ngram}, min_ngram={self.min_ngram})"
+
+
+def lookup(seq: np.ndarray, k: int, max_ngram: int, min_ngram: int) -> list[int]:
+    """Continuation (up to k tokens) of the latest earlier match of the longest suffix n-gram."""
+    L = len(seq)
+    for n in range(min(max_ngram, L - 1), min_ngram - 1, -1):
+        # Candidate starts i < L - n, so the match is not the suffix itself and has a continuation.
+        windows = np.lib.stride_tricks.sliding_window_view(seq[:-1], n)
+        hits = np.flatnonzero((windows == seq[L - n:]).all(axis=1))
+        if hits.size:
+            i = int(hits[-1])
+            return seq[i + n: i + n + k].tolist()
+    return []
+
+
+class ModelDrafter(Drafter):
+    """A small language model that shares the target's tokenizer.
+
+    Its cache holds a prefix of the accepted sequence and never a rejected token: after
+    verification `commit` rolls it back to the longest prefix it shares with the accepted
+    sequence, and the next `propose` first runs whatever accepted tokens it has not seen
+    (one token after a rejection; d_k and the bonus token, in one pass, after a full accept).
+    """
+
+    def __init__(self, model, tokenizer=None):
+        super().__init__()
+        # A cache of its own, so that the target can also serve as its own draft.
+        self.model: LanguageModel = as_language_model(model, tokenizer).fork()
+        self.vocab_size = self.model.vocab_size
+        self.tokenizer = self.model.tokenizer or tokenizer
+        self._seen: list[int] = []  # tokens whose K/V are in the draft cache
+        self._base = 0  # length of the accepted sequence at the last propose
+
+    def begin(self, capacity: int) -> None:
+        super().begin(capacity)
+        self.model.reset(capacity)
+        self._seen, self._base = [], 0
+
+    def _forward(self, tokens, last_only=False) -> torch.Tensor:
+        self.calls += 1
+        self._seen.extend(tokens)
+        return self.model.forward(tokens, last_only=last_only)[-1]
+
+    def propose(self, ids, k, params, generator):
+        start = time.perf_counter()
+        assert self._seen == ids[: len(self._seen)], "draft cache diverged from the accepted sequence"
+        self._base = len(ids)
+        logits = self._forward(ids[len(self._seen):], last_only=True)
+        tokens, qs = [], []
+        for i in range(k):
+            if params.greedy:
+                tokens.append(int(logits.argmax()))
+            else:
+                q = logits_to_probs(logits, params)
+                tokens.append(sample(q, generator))
+                qs.append(q)
+            if i < k - 1:  # the last proposal is run later, only if it is accepted
+                logits = self._forward(tokens[-1:])
+        self.seconds += time.perf_counter() - start
+        return tokens, (torch.stack(qs) if qs else None)
+
+    def commit(self, ids):
+        # Everything up to the last propose's sequence was accepted already; check the drafts.
+        limit = min(len(self._seen), len(ids) - 1)
+        keep = min(self._base, limit)
+        while keep < limit and self._seen[keep] == ids[keep]:
+            keep += 1
+        self.model.rollback(keep)
+        del self._seen[keep:]
+
+    def __repr__(self) -> str:
+        return f"ModelDrafter({self.model!r})"
+
+
+def as_drafter(draft, tokenizer=None) -> Drafter:
+    if isinstance(draft, Drafter):
+        return draft
+    return ModelDrafter(draft, tokenizer)

@@ -1,0 +1,234 @@
+"""Native Llama-family transformer: weights -> logits, with a static KV cache.
+
+Covers Llama 2/3, Mistral, Qwen2/2.5, SmolLM/SmolLM2 and TinyLlama: RMSNorm, rotary
+position embeddings (default, linear and llama3 scaling), grouped-query attention,
+SwiGLU MLP, tied or untied output head, optional q/k/v(/o) biases.
+
+The KV cache is preallocated and written by position, so the cache *is* a tensor plus
+a length: rolling back a rejected speculation is `cache.length = n`, nothing else.
+Parameter names mirror transformers' so a checkpoint's state dict loads as is.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+
+
+@dataclass
+class LlamaConfig:
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    rope_theta: float = 10000.0
+    rope_scaling: dict | None = None
+    qkv_bias: bool = False  # Qwen2: bias on q, k, v only
+    o_bias: bool = False  # Llama's attention_bias puts a bias on o_proj too
+    mlp_bias: bool = False
+    sliding_window: int | None = None
+
+    @classmethod
+    def from_hf(cls, hf) -> "LlamaConfig":
+        """Translate a transformers config; raise ValueError for what we don't implement."""
+        if hf.model_type not in SUPPORTED_MODEL_TYPES:
+            raise ValueError(f"native path supports {SUPPORTED_MODEL_TYPES}, not {hf.model_type!r}")
+        # transformers 5.x keeps theta and scaling in `rope_parameters`; 4.x in two attributes.
+        rope = dict(getattr(hf, "rope_parameters", None) or getattr(hf, "rope_scaling", None) or {})
+        theta = rope.pop("rope_theta", getattr(hf, "rope_theta", 10000.0))
+        rope_type = rope.get("rope_type", rope.get("type", "default"))
+        if rope_type not in SUPPORTED_ROPE_TYPES:
+            raise ValueError(f"rope scaling {rope_type!r} is not implemented natively")
+        if getattr(hf, "partial_rotary_factor", 1.0) != 1.0:
+            raise ValueError("partial rotary embeddings are not implemented natively")
+        heads = hf.num_attention_heads
+        attention_bias = bool(getattr(hf, "attention_bias", False))
+        window = getattr(hf, "sliding_window", None)
+        if hf.model_type == "qwen2" and not getattr(hf, "use_sliding_window", False):
+            window = None
+        return cls(
+            vocab_size=hf.vocab_size,
+            hidden_size=hf.hidden_size,
+            intermediate_size=hf.intermediate_size,
+            num_layers=hf.num_hidden_layers,
+            num_heads=heads,
+            num_kv_heads=getattr(hf, "num_key_value_heads", None) or heads,
+            head_dim=getattr(hf, "head_dim", None) or hf.hidden_size // heads,
+            rms_norm_eps=hf.rms_norm_eps,
+            max_position_embeddings=hf.max_position_embeddings,
+            tie_word_embeddings=bool(getattr(hf, "tie_word_embeddings", False)),
+            rope_theta=float(theta),
+            rope_scaling=rope if rope_type != "default" else None,
+            qkv_bias=hf.model_type == "qwen2" or attention_bias,
+            o_bias=attention_bias,
+            mlp_bias=bool(getattr(hf, "mlp_bias", False)),
+            sliding_window=window,
+        )
+
+
+def rope_inv_freq(cfg: LlamaConfig) -> torch.Tensor:
+    """Rotary frequencies, with the context-extension scalings Llama-family checkpoints use."""
+    d = cfg.head_dim
+    inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
+    s = cfg.rope_scaling
+    if not s:
+        return inv_freq.float()
+    kind = s.get("rope_type", s.get("type"))
+    if kind == "linear":
+        return (inv_freq / s["factor"]).float()
+    # llama3: long wavelengths are slowed by `factor`, short ones kept, the band between blended.
+    factor, lo, hi = s["factor"], s["low_freq_factor"], s["high_freq_factor"]
+    old_ctx = s["original_max_position_embeddings"]
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > old_ctx / lo, inv_freq / factor, inv_freq)
+    smooth = (old_ctx / wavelen - lo) / (hi - lo)
+    blended = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = (wavelen >= old_ctx / hi) & (wavelen <= old_ctx / lo)
+    return torch.where(medium, blended, scaled).float()
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Normalize in float32 as the reference does; bf16 variance loses too much.
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * xf.to(x.dtype)
+
+
+class KVCache:
+    """Preallocated keys/values for every layer, valid up to `length`.
+
+    Position p's key and value live at index p, so the cache never moves data:
+    appending writes a slice, rolling back lowers `length`.
+    """
+
+    def __init__(self, cfg: LlamaConfig, capacity: int, dtype: torch.dtype, device):
+        shape = (cfg.num_layers, 1, cfg.num_kv_heads, capacity, cfg.head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.length = 0
+
+    @property
+    def capacity(self) -> int:
+        return self.k.shape[3]
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: LlamaConfig):
+        super().__init__()
+        self.h, self.kvh, self.hd = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.q_proj = nn.Linear(cfg.hidden_size, self.h * self.hd, bias=cfg.qkv_bias)
+        self.k_proj = nn.Linear(cfg.hidden_size, self.kvh * self.hd, bias=cfg.qkv_bias)
+        self.v_proj = nn.Linear(cfg.hidden_size, self.kvh * self.hd, bias=cfg.qkv_bias)
+        self.o_proj = nn.Linear(self.h * self.hd, cfg.hidden_size, bias=cfg.o_bias)
+
+    def forward(self, x, cos, sin, cache: KVCache, layer: int, mask):
+        T = x.shape[1]
+        q = self.q_proj(x).view(1, T, self.h, self.hd).transpose(1, 2)
+        k = self.k_proj(x).view(1, T, self.kvh, self.hd).transpose(1, 2)
+        v = self.v_proj(x).view(1, T, self.kvh, self.hd).transpose(1, 2)
+        q = q * cos + rotate_half(q) * sin
+        k = k * cos + rotate_half(k) * sin
+        start = cache.length
+        end = start + T
+        cache.k[layer, :, :, start:end] = k
+        cache.v[layer, :, :, start:end] = v
+        keys, values = cache.k[layer, :, :, :end], cache.v[layer, :, :, :end]
+        y = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=self.kvh != self.h)
+        return self.o_proj(y.transpose(1, 2).reshape(1, T, self.h * self.hd))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: LlamaConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias)
+        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: LlamaConfig):
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = Attention(cfg)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x, cos, sin, cache, layer, mask):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, cache, layer, mask)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Backbone(nn.Module):
+    def __init__(self, cfg: LlamaConfig):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+
+class Llama(nn.Module):
+    def __init__(self, cfg: LlamaConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.model = Backbone(cfg)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+        self.register_buffer("inv_freq", rope_inv_freq(cfg), persistent=False)
+
+    def new_cache(self, capacity: int) -> KVCache:
+        return KVCache(self.cfg, capacity, self.lm_head.weight.dtype, self.lm_head.weight.device)
+
+    @torch.inference_mode()
+    def forward(self, tokens: torch.Tensor, cache: KVCache, last_only: bool = False) -> torch.Tensor:
+        """Run `tokens` (shape [T]) at positions cache.length .. cache.length+T-1.
+
+        Appends their keys/values to the cache and returns float32 logits, shape [T, V]
+        (or [1, V] with last_only, which skips the output head for a long prefill).
+        """
+        T, start = tokens.shape[0], cache.length
+        if start + T > cache.capacity:
+            raise ValueError(f"KV cache overflow: {start + T} positions > capacity {cache.capacity}")
+        x = self.model.embed_tokens(tokens)[None]
+        # Positions are absolute token indices: the cache length is the next position.
+        pos = torch.arange(start, start + T, device=tokens.device, dtype=torch.float32)
+        freqs = torch.outer(pos, self.inv_freq)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+        # One new token may see everything cached; a block needs a causal mask offset by start.
+        mask = None
+        if T > 1:
+            q_pos = torch.arange(start, start + T, device=tokens.device)[:, None]
+            mask = torch.arange(start + T, device=tokens.device)[None, :] <= q_pos
+        for i, layer in enumerate(self.model.layers):
+            x = layer(x, cos, sin, cache, i, mask)
+        cache.length = start + T
+        if last_only:
+            x = x[:, -1:]
+        return self.lm_head(self.model.norm(x))[0].float()

