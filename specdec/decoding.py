@@ -14,7 +14,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from .drafters import Drafter, as_drafter
+from .drafters import Drafter, ModelDrafter, as_drafter
 from .models.base import LanguageModel, as_language_model
 from .sampling import SamplingParams, greedy_accept, logits_to_probs, rejection_sample, select
 
@@ -28,7 +28,8 @@ class Stats:
     drafted: tokens proposed by the drafter, summed over steps.
     accepted: proposed tokens the target accepted (bonus and correction tokens excluded).
     accepted_per_position[i]: among steps that proposed at least i+1 tokens, the fraction
-        in which drafts 1..i+1 were all accepted (so it can only fall with i).
+        in which drafts 1..i+1 were all accepted. (With a fixed proposal length it can only
+        fall with i; a drafter that proposes fewer tokens on some steps can break that.)
     generated: new tokens returned.
     timings: seconds spent in the target prefill, in the drafter, and in target
         verification / decode passes ("prefill", "draft", "verify").
@@ -50,7 +51,8 @@ class Stats:
 
     @property
     def accepted_per_position(self) -> list[float]:
-        return [a / p for a, p in zip(self.accepted_at, self.proposed_at)]
+        accepted = self.accepted_at + [0] * (len(self.proposed_at) - len(self.accepted_at))
+        return [a / p for a, p in zip(accepted, self.proposed_at)]
 
     @property
     def tokens_per_target_call(self) -> float:
@@ -155,11 +157,12 @@ def encode_prompt(prompt, tokenizer, model: LanguageModel, chat: bool) -> list[i
     return ids
 
 
-def check_context(model: LanguageModel, n_prompt: int, max_tokens: int) -> None:
-    # Drafts are capped so that no pass runs past prompt + max_tokens positions.
-    if n_prompt + max_tokens > model.max_context:
+def check_context(model, n_prompt: int, max_tokens: int) -> None:
+    # Drafts are capped so that no pass of either model runs past prompt + max_tokens positions.
+    limit = getattr(model, "max_context", None)
+    if limit is not None and n_prompt + max_tokens > limit:
         raise ValueError(f"prompt ({n_prompt} tokens) + max_tokens ({max_tokens}) exceeds "
-                         f"{model.name}'s context of {model.max_context} tokens")
+                         f"{model.name}'s context of {limit} tokens")
 
 
 def check_same_vocab(target: LanguageModel, drafter: Drafter, tokenizer) -> None:
@@ -251,6 +254,8 @@ def speculative_generate(model, draft, tokenizer, prompt, max_tokens: int, *, nu
     check_same_vocab(model, drafter, tokenizer)
     prompt_ids = encode_prompt(prompt, tokenizer, model, chat)
     check_context(model, len(prompt_ids), max_tokens)
+    if isinstance(drafter, ModelDrafter):
+        check_context(drafter.model, len(prompt_ids), max_tokens)
     stats = Stats()
     out: list[int] = []
     if max_tokens == 0:

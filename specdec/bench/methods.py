@@ -1,0 +1,140 @@
+"""The methods a benchmark compares, behind one call: run(prompt_ids, max_tokens) -> Result.
+
+Ours: plain decoding (the baseline) and speculative decoding with a drafter and k.
+Peers, on the same weights in the same process: transformers' greedy `generate`, its
+assisted generation (default schedule, and a constant one) and its prompt lookup.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from ..decoding import generate, speculative_generate
+
+
+@dataclass
+class Result:
+    token_ids: list[int]
+    seconds: float
+    prefill_seconds: float | None  # None where the method does not expose it
+    stats: dict | None  # specdec Stats as a dict, for our methods
+
+
+def _sync(device) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
+def _stats_dict(s) -> dict:
+    return {"target_calls": s.target_calls, "draft_calls": s.draft_calls, "drafted": s.drafted,
+            "accepted": s.accepted, "generated": s.generated, "proposed_at": list(s.proposed_at),
+            "accepted_at": list(s.accepted_at), "timings": dict(s.timings)}
+
+
+class Method:
+    name: str
+    family: str  # "baseline" | "specdec" | "transformers"
+    drafter: str | None = None
+    k: int | str | None = None
+    device = "cpu"
+
+    def call(self, prompt_ids, max_tokens):
+        raise NotImplementedError
+
+    def run(self, prompt_ids: list[int], max_tokens: int) -> Result:
+        _sync(self.device)
+        t0 = time.perf_counter()
+        tokens, prefill, stats = self.call(prompt_ids, max_tokens)
+        _sync(self.device)
+        return Result(tokens, time.perf_counter() - t0, prefill, stats)
+
+    def describe(self) -> dict:
+        return {"name": self.name, "family": self.family, "drafter": self.drafter, "k": self.k}
+
+
+class Normal(Method):
+    name, family = "normal", "baseline"
+
+    def __init__(self, target):
+        self.target, self.device = target, target.device
+
+    def call(self, prompt_ids, max_tokens):
+        g = generate(self.target, None, prompt_ids, max_tokens)
+        return g.token_ids, g.stats.timings["prefill"], _stats_dict(g.stats)
+
+
+class Speculative(Method):
+    family = "specdec"
+
+    def __init__(self, target, drafter, drafter_name: str, k):
+        self.target, self._drafter, self.device = target, drafter, target.device
+        self.drafter, self.k = drafter_name, k
+        self.name = f"spec-{drafter_name}-k{k}"
+
+    def call(self, prompt_ids, max_tokens):
+        g = speculative_generate(self.target, self._drafter, None, prompt_ids, max_tokens, num_draft_tokens=self.k)
+        return g.token_ids, g.stats.timings["prefill"], _stats_dict(g.stats)
+
+
+class Transformers(Method):
+    """transformers' generate() on the same weights; `assistant`/`options` pick the variant."""
+
+    family = "transformers"
+
+    def __init__(self, name, hf_model, *, eos_ids, assistant=None, assistant_options=None, drafter=None, k=None,
+                 **options):
+        self.name, self.hf, self.assistant = name, hf_model, assistant
+        self.assistant_options = assistant_options or {}
+        self.options, self.eos_ids = options, list(eos_ids)
+        self.drafter, self.k = drafter, k
+        self.device = next(hf_model.parameters()).device
+
+    @torch.inference_mode()
+    def call(self, prompt_ids, max_tokens):
+        ids = torch.tensor([prompt_ids], device=self.device)
+        kwargs = dict(self.options)
+        if self.assistant is not None:
+            # The assistant's generation config persists across calls (its heuristic
+            # schedule adapts in place); start every call from the same settings.
+            for key, value in self.assistant_options.items():
+                setattr(self.assistant.generation_config, key, value)
+            kwargs["assistant_model"] = self.assistant
+        out = self.hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_tokens, do_sample=False,
+                               eos_token_id=self.eos_ids, pad_token_id=self.eos_ids[0], **kwargs)
+        return out[0, len(prompt_ids):].tolist(), None, None
+
+
+HF_ASSISTED_DEFAULTS = {"num_assistant_tokens": 20, "num_assistant_tokens_schedule": "constant",
+                        "assistant_confidence_threshold": 0.4}
+
+
+def hf_assisted_default(hf, assistant, eos_ids, drafter_name):
+    """transformers' own defaults for assisted generation (20 tokens, confidence stop at 0.4)."""
+    return Transformers(f"hf-assisted-{drafter_name}", hf, eos_ids=eos_ids, assistant=assistant,
+                        assistant_options=HF_ASSISTED_DEFAULTS, drafter=drafter_name, k="hf-default")
+
+
+def hf_assisted_heuristic(hf, assistant, eos_ids, drafter_name, k):
+    """The +2 when all accepted / -1 otherwise schedule, reset at each call."""
+    return Transformers(f"hf-assisted-{drafter_name}-heuristic", hf, eos_ids=eos_ids, assistant=assistant,
+                        assistant_options={"num_assistant_tokens": k, "num_assistant_tokens_schedule":
+                                           "heuristic_transient", "assistant_confidence_threshold": 0.0},
+                        drafter=drafter_name, k=f"heuristic from {k}")
+
+
+def hf_assisted_constant(hf, assistant, eos_ids, drafter_name, k):
+    return Transformers(f"hf-assisted-{drafter_name}-k{k}", hf, eos_ids=eos_ids, assistant=assistant,
+                        assistant_options={"num_assistant_tokens": k, "num_assistant_tokens_schedule": "constant",
+                                           "assistant_confidence_threshold": 0.0},
+                        drafter=drafter_name, k=k)
+
+
+def hf_prompt_lookup(hf, eos_ids, k):
+    return Transformers(f"hf-prompt-lookup-k{k}", hf, eos_ids=eos_ids, prompt_lookup_num_tokens=k,
+                        drafter="ngram", k=k)
+
+
+def hf_greedy(hf, eos_ids):
+    return Transformers("hf-greedy", hf, eos_ids=eos_ids)

@@ -1,0 +1,302 @@
+"""The benchmark harness: load, warm up, run interleaved trials, check outputs, aggregate.
+
+Method: every method gets the same rendered prompts, max_tokens, target weights, dtype,
+thread count and stopping policy (the target's EOS ids). Model loading and the first
+(cold) call of each method are timed apart from the trials. Trials interleave methods
+with a rotating order, so slow drift of a shared machine hits all methods alike. Each
+prompt's time is the median over trials; speedups are paired per prompt (baseline time
+per token / method time per token) and averaged geometrically, with a bootstrap CI.
+"""
+from __future__ import annotations
+
+import math
+import os
+import platform
+import statistics
+import subprocess
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from .. import __version__
+from ..models.loading import DEFAULT_MODEL, hf_checkpoint, load_model, resolve_dtype
+from . import methods as M
+from .stats import predicted_speedup, summarize_ratios
+from .suite import load_suite, render
+
+SCHEMA = "specdec-bench/1"
+
+
+@dataclass
+class BenchConfig:
+    model: str = DEFAULT_MODEL
+    draft: str | None = None  # a draft model (name or path); the n-gram drafter always runs
+    dtype: str | None = None
+    device: str = "cpu"
+    threads: int | None = None
+    prompts: str | None = None  # JSONL; default: the bundled suite
+    categories: list[str] | None = None
+    per_category: int | None = None
+    max_tokens: int = 128
+    trials: int = 3
+    ks: list[int] = field(default_factory=lambda: [2, 4, 8])
+    peers: bool = True  # transformers' generate / assisted / prompt lookup
+    quick: bool = False
+
+    @classmethod
+    def quick_config(cls, **overrides) -> "BenchConfig":
+        """A smoke run for CI and newcomers: one prompt per category, short outputs."""
+        base = dict(per_category=1, max_tokens=64, trials=2, ks=[4], quick=True)
+        base.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**base)
+
+    def validate(self) -> None:
+        if self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if self.trials < 1:
+            raise ValueError(f"trials must be >= 1, got {self.trials}")
+        if not self.ks or any(k < 1 for k in self.ks):
+            raise ValueError(f"num_draft_tokens values must be >= 1, got {self.ks}")
+        if self.threads is not None and self.threads < 1:
+            raise ValueError(f"threads must be >= 1, got {self.threads}")
+        if self.device.startswith("cuda") and not torch.cuda.is_available():
+            raise ValueError("device cuda requested but no CUDA GPU is available")
+
+
+def environment(cfg: BenchConfig, dtype) -> dict:
+    import transformers
+
+    def git_commit():
+        try:
+            return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                  cwd=Path(__file__).parent, timeout=5).stdout.strip() or None
+        except (OSError, subprocess.SubprocessError):
+            return None
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {
+        "cpu": cpu, "cpu_count": os.cpu_count(), "threads": torch.get_num_threads(),
+        "gpu": torch.cuda.get_device_name(0) if cfg.device.startswith("cuda") else None,
+        "device": cfg.device, "dtype": str(dtype).replace("torch.", ""),
+        "python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
+        "specdec": __version__, "git_commit": git_commit(), "platform": platform.platform(),
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+    }
+
+
+def forward_ms(model, n_tokens: int, context: int = 256, reps: int = 15) -> float:
+    """Median time of one forward pass of n_tokens after `context` cached tokens."""
+    model.reset(context + n_tokens)
+    model.forward(list(range(1, context + 1)), last_only=True)
+    times = []
+    for _ in range(reps + 2):
+        M._sync(model.device)
+        t0 = time.perf_counter()
+        model.forward(list(range(1, n_tokens + 1)))
+        M._sync(model.device)
+        times.append(time.perf_counter() - t0)
+        model.rollback(context)
+    return statistics.median(times[2:]) * 1000
+
+
+def measure_costs(target, drafts: dict, ks) -> dict:
+    """Cost ratio c per draft model and the target's verify cost for k+1 tokens vs 1."""
+    t1 = forward_ms(target, 1)
+    verify = {str(k): forward_ms(target, k + 1) / t1 for k in ks}
+    out = {"target_forward_ms": t1, "verify_cost": verify, "drafts": {}}
+    for name, model in drafts.items():
+        d1 = forward_ms(model, 1)
+        out["drafts"][name] = {"forward_ms": d1, "c": d1 / t1}
+    return out
+
+
+def build_methods(cfg: BenchConfig, target, draft_model, hf, hf_draft) -> list[M.Method]:
+    from ..drafters import ModelDrafter, NgramDrafter
+
+    methods: list[M.Method] = [M.Normal(target)]
+    for k in cfg.ks:
+        methods.append(M.Speculative(target, NgramDrafter(), "ngram", k))
+    if draft_model is not None:
+        for k in cfg.ks:
+            methods.append(M.Speculative(target, ModelDrafter(draft_model), "draft", k))
+    if hf is not None:
+        eos = target.eos_token_ids
+        methods.append(M.hf_greedy(hf, eos))
+        mid_k = cfg.ks[len(cfg.ks) // 2]
+        methods.append(M.hf_prompt_lookup(hf, eos, mid_k))
+        if hf_draft is not None:
+            methods.append(M.hf_assisted_default(hf, hf_draft, eos, "draft"))
+            methods.append(M.hf_assisted_constant(hf, hf_draft, eos, "draft", mid_k))
+            methods.append(M.hf_assisted_heuristic(hf, hf_draft, eos, "draft", mid_k))
+    return methods
+
+
+def load_hf(name, dtype, device):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(str(hf_checkpoint(name)), dtype=dtype, use_safetensors=True).to(device).eval()
+
+
+def top2_margin(target, prompt_ids, prefix, theirs: int) -> dict:
+    """At a divergence: the target's logit gap between its top two tokens there, and
+    between its choice and the other method's token. A gap near zero is a numerical tie."""
+    target.reset(len(prompt_ids) + len(prefix) + 1)
+    logits = target.forward(prompt_ids + prefix, last_only=True)[-1]
+    top = torch.topk(logits, 2)
+    return {"top2_margin": float(top.values[0] - top.values[1]),
+            "margin_to_theirs": float(logits.max() - logits[theirs])}
+
+
+def run_benchmark(cfg: BenchConfig, progress: bool = True, log=print) -> dict:
+    from tqdm.auto import tqdm
+
+    cfg.validate()
+    prompts = load_suite(cfg.prompts, cfg.categories, cfg.per_category)
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    torch.manual_seed(0)
+    dtype = resolve_dtype(cfg.dtype, cfg.device)
+    load_s = {}
+    t0 = time.perf_counter()
+    target = load_model(cfg.model, dtype=dtype, device=cfg.device)
+    load_s["target"] = time.perf_counter() - t0
+    if target.tokenizer is None:
+        raise ValueError(f"{cfg.model} has no tokenizer; the benchmark renders text prompts")
+    draft_model = None
+    if cfg.draft:
+        t0 = time.perf_counter()
+        draft_model = load_model(cfg.draft, dtype=dtype, device=cfg.device)
+        load_s["draft"] = time.perf_counter() - t0
+    hf = hf_draft = None
+    if cfg.peers:
+        t0 = time.perf_counter()
+        hf = load_hf(cfg.model, dtype, cfg.device)
+        hf_draft = load_hf(cfg.draft, dtype, cfg.device) if cfg.draft else None
+        load_s["transformers"] = time.perf_counter() - t0
+
+    log(f"rendering {len(prompts)} prompts ...")
+    render(prompts, target, target.tokenizer)
+    methods = build_methods(cfg, target, draft_model, hf, hf_draft)
+    costs = measure_costs(target, {"draft": draft_model} if draft_model is not None else {}, cfg.ks)
+
+    # Cold latency: each method's first call, on the first prompt, outside the trials.
+    cold = {}
+    for m in methods:
+        cold[m.name] = m.run(prompts[0].ids, cfg.max_tokens).seconds
+
+    records = []
+    bar = tqdm(total=cfg.trials * len(prompts) * len(methods), desc="bench", unit="run", disable=not progress)
+    for trial in range(cfg.trials):
+        for pi, p in enumerate(prompts):
+            shift = (trial + pi) % len(methods)
+            for m in methods[shift:] + methods[:shift]:
+                r = m.run(p.ids, cfg.max_tokens)
+                records.append({"method": m.name, "prompt": p.id, "trial": trial, "seconds": r.seconds,
+                                "prefill_seconds": r.prefill_seconds, "tokens": r.token_ids, "stats": r.stats})
+                bar.update()
+    bar.close()
+    report = aggregate(cfg, prompts, methods, records, costs, cold, target)
+    report.update(schema=SCHEMA, environment=environment(cfg, dtype), config=asdict(cfg), load_seconds=load_s)
+    return report
+
+
+def _per_prompt(records, method, prompts):
+    """prompt id -> (median seconds, tokens of trial 0, median prefill, stats of trial 0)."""
+    out = {}
+    for p in prompts:
+        rows = [r for r in records if r["method"] == method and r["prompt"] == p.id]
+        prefills = [r["prefill_seconds"] for r in rows if r["prefill_seconds"] is not None]
+        first = min(rows, key=lambda r: r["trial"])
+        out[p.id] = {"seconds": statistics.median(r["seconds"] for r in rows), "tokens": first["tokens"],
+                     "prefill": statistics.median(prefills) if prefills else None, "stats": first["stats"]}
+    return out
+
+
+def _spec_metrics(rows: list[dict], seconds: float) -> dict:
+    """Acceptance and cost metrics summed over prompts (stats of one trial each)."""
+    st = [r["stats"] for r in rows if r["stats"]]
+    if not st:
+        return {}
+    total = lambda key: sum(s[key] for s in st)  # noqa: E731
+    width = max(len(s["proposed_at"]) for s in st)
+    proposed = [sum(s["proposed_at"][i] for s in st if i < len(s["proposed_at"])) for i in range(width)]
+    accepted = [sum(s["accepted_at"][i] for s in st if i < len(s["accepted_at"])) for i in range(width)]
+    drafted, acc = total("drafted"), total("accepted")
+    steps = total("target_calls") - len(st)  # verification passes (prefills excluded)
+    draft_s = sum(s["timings"]["draft"] for s in st)
+    return {
+        "acceptance_rate": acc / drafted if drafted else math.nan,
+        "tokens_per_target_call": total("generated") / total("target_calls"),
+        "tokens_per_step": (total("generated") - len(st)) / steps if steps else math.nan,
+        "accepted_per_position": [a / p if p else math.nan for a, p in zip(accepted, proposed)],
+        "drafted": drafted, "accepted": acc, "target_calls": total("target_calls"),
+        "draft_calls": total("draft_calls"), "verify_steps": steps,
+        "mean_drafted_per_step": drafted / steps if steps else math.nan,
+        "draft_time_share": draft_s / seconds if seconds else math.nan,
+        "draft_seconds": draft_s,
+    }
+
+
+def aggregate(cfg, prompts, methods, records, costs, cold, target) -> dict:
+    base = _per_prompt(records, "normal", prompts)
+    cats = sorted({p.category for p in prompts})
+    t1 = costs["target_forward_ms"] / 1000
+    out_methods = []
+    for m in methods:
+        per = _per_prompt(records, m.name, prompts)
+        ratios = {pid: (base[pid]["seconds"] / max(len(base[pid]["tokens"]), 1))
+                  / (v["seconds"] / max(len(v["tokens"]), 1)) for pid, v in per.items()}
+        seconds = sum(v["seconds"] for v in per.values())
+        tokens = sum(len(v["tokens"]) for v in per.values())
+        prefills = [v["prefill"] for v in per.values() if v["prefill"] is not None]
+        overall = {"speedup": summarize_ratios(list(ratios.values())), "tokens": tokens, "seconds": seconds,
+                   "tokens_per_s": tokens / seconds, "ms_per_token": 1000 * seconds / tokens}
+        if prefills:
+            prefill_s = sum(prefills)
+            overall["prefill_ms_mean"] = 1000 * prefill_s / len(prefills)
+            overall["decode_ms_per_token"] = 1000 * (seconds - prefill_s) / max(tokens - len(prefills), 1)
+        overall.update(_spec_metrics(list(per.values()), seconds))
+        if m.family == "specdec" and not math.isnan(overall.get("acceptance_rate", math.nan)):
+            k = m.k
+            if m.drafter in costs["drafts"]:
+                c = costs["drafts"][m.drafter]["c"]
+            else:  # a model-free drafter: its measured time per proposal, relative to a target pass
+                c = overall["draft_seconds"] / max(overall["verify_steps"], 1) / k / t1
+            v = costs["verify_cost"].get(str(k), 1.0)
+            overall.update(cost_ratio_c=c, verify_cost=v,
+                           predicted_speedup=predicted_speedup(overall["acceptance_rate"], k, c, v))
+        by_cat = {}
+        for cat in cats:
+            ids = [p.id for p in prompts if p.category == cat]
+            entry = {"speedup": summarize_ratios([ratios[i] for i in ids])}
+            entry.update({key: val for key, val in _spec_metrics([per[i] for i in ids],
+                                                                  sum(per[i]["seconds"] for i in ids)).items()
+                          if key in ("acceptance_rate", "tokens_per_target_call", "accepted_per_position")})
+            by_cat[cat] = entry
+        mismatches = []
+        if m.name != "normal":
+            for p in prompts:
+                mine, ref = per[p.id]["tokens"], base[p.id]["tokens"]
+                if mine == ref:
+                    continue
+                j = next((i for i, (a, b) in enumerate(zip(mine, ref)) if a != b), min(len(mine), len(ref)))
+                entry = {"prompt": p.id, "position": j, "baseline_len": len(ref), "method_len": len(mine)}
+                if j < min(len(mine), len(ref)):
+                    entry.update(top2_margin(target, p.ids, ref[:j], mine[j]))
+                mismatches.append(entry)
+        out_methods.append({**m.describe(), "cold_seconds": cold[m.name], "overall": overall,
+                            "categories": by_cat, "mismatches": mismatches})
+    return {"methods": out_methods, "costs": costs,
+            "prompts": [{"id": p.id, "category": p.category, "grounded": p.grounded, "prompt_tokens": len(p.ids)}
+                        for p in prompts],
+            "records": [{k: v for k, v in r.items() if k != "tokens"} | {"n_tokens": len(r["tokens"])}
+                        for r in records]}

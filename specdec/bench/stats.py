@@ -1,0 +1,66 @@
+"""Statistics for the benchmark: paired ratios, robust summaries, bootstrap intervals,
+and the speedup speculative decoding should give (Leviathan et al. 2023).
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+
+def geomean(x) -> float:
+    x = np.asarray(x, dtype=float)
+    return float(np.exp(np.log(x).mean())) if x.size else math.nan
+
+
+def summarize_ratios(ratios, *, n_boot: int = 10_000, seed: int = 0) -> dict:
+    """Per-prompt paired ratios (baseline time / method time) -> geometric mean with a
+    bootstrap 95% CI over prompts, median and interquartile range.
+
+    The geometric mean is the right average for ratios: a 2x win and a 2x loss cancel.
+    Prompts, not trials, are resampled: they are the units the claim generalizes over.
+    """
+    r = np.asarray(ratios, dtype=float)
+    if r.size == 0:
+        return {"n": 0, "geomean": math.nan, "ci95": [math.nan, math.nan], "median": math.nan, "iqr": [math.nan, math.nan]}
+    logs = np.log(r)
+    rng = np.random.default_rng(seed)
+    if r.size > 1:
+        boot = logs[rng.integers(0, r.size, size=(n_boot, r.size))].mean(axis=1)
+        lo, hi = np.exp(np.percentile(boot, [2.5, 97.5]))
+    else:
+        lo = hi = r[0]
+    q1, med, q3 = np.percentile(r, [25, 50, 75])
+    return {"n": int(r.size), "geomean": float(np.exp(logs.mean())), "ci95": [float(lo), float(hi)],
+            "median": float(med), "iqr": [float(q1), float(q3)]}
+
+
+def expected_tokens_per_step(alpha: float, k: int) -> float:
+    """E[tokens per target pass] with i.i.d. acceptance alpha and k drafts: (1 - a^(k+1)) / (1 - a)."""
+    if alpha >= 1.0:
+        return k + 1.0
+    return (1 - alpha ** (k + 1)) / (1 - alpha)
+
+
+def predicted_speedup(alpha: float, k: int, c: float, verify_cost: float = 1.0) -> float:
+    """Leviathan et al.'s speedup (1 - a^(k+1)) / ((1 - a)(k c + 1)), with the 1 (one target
+    pass) replaced by the measured cost of verifying k+1 tokens relative to one token.
+
+    c: draft forward time / target forward time. verify_cost: target time for k+1 tokens /
+    target time for 1 token (1.0 where the target is purely memory-bound).
+    """
+    return expected_tokens_per_step(alpha, k) / (k * c + verify_cost)
+
+
+def break_even_alpha(k: int, c: float, verify_cost: float = 1.0) -> float:
+    """The acceptance rate below which speculation is slower than plain decoding."""
+    lo, hi = 0.0, 1.0
+    if predicted_speedup(hi - 1e-12, k, c, verify_cost) < 1.0:
+        return math.nan  # never pays, even with perfect acceptance
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        if predicted_speedup(mid, k, c, verify_cost) < 1.0:
+            lo = mid
+        else:
+            hi = mid
+    return hi

@@ -1,0 +1,78 @@
+"""The benchmark's prompt suite: load, validate, select, render to token ids."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+SUITE_DIR = Path(__file__).parent / "prompts"
+DEFAULT_SUITE = SUITE_DIR / "suite-v1.jsonl"
+GROUNDED = {"summarization", "rag", "code_editing"}
+# Earlier assistant turns of a multi-turn prompt are the target's own greedy replies, this long.
+HISTORY_TOKENS = 48
+
+
+@dataclass
+class Prompt:
+    id: str
+    category: str
+    turns: list[str]
+    grounded: bool
+    ids: list[int] = field(default_factory=list)  # rendered, filled by render()
+
+
+def load_suite(path=None, categories=None, per_category=None) -> list[Prompt]:
+    """Read a JSONL suite ({"category", "turns", optional "id", "grounded"} per line)."""
+    path = Path(path) if path else DEFAULT_SUITE
+    if not path.exists():
+        raise FileNotFoundError(f"no such prompt file: {path}")
+    prompts = []
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}:{n}: not valid JSON ({exc.msg})") from None
+        turns = row.get("turns")
+        if "prompt" in row and turns is None:
+            turns = [row["prompt"]]
+        if not isinstance(row.get("category"), str) or not turns or not all(isinstance(t, str) and t for t in turns):
+            raise ValueError(f"{path}:{n}: needs a 'category' string and non-empty 'turns' strings")
+        cat = row["category"]
+        prompts.append(Prompt(id=str(row.get("id", f"{cat}-{n:03d}")), category=cat, turns=list(turns),
+                              grounded=bool(row.get("grounded", cat in GROUNDED))))
+    if categories:
+        unknown = set(categories) - {p.category for p in prompts}
+        if unknown:
+            raise ValueError(f"unknown categories {sorted(unknown)}; the suite has {sorted({p.category for p in prompts})}")
+        prompts = [p for p in prompts if p.category in categories]
+    if per_category:
+        seen: dict[str, int] = {}
+        kept = []
+        for p in prompts:
+            seen[p.category] = seen.get(p.category, 0) + 1
+            if seen[p.category] <= per_category:
+                kept.append(p)
+        prompts = kept
+    if not prompts:
+        raise ValueError(f"{path}: no prompts selected")
+    return prompts
+
+
+def render(prompts: list[Prompt], model, tokenizer) -> None:
+    """Fill each prompt's token ids with the chat template. For a multi-turn prompt the
+    earlier assistant turns are the target's own greedy replies, so the history is one
+    the target would have produced."""
+    from ..decoding import generate
+
+    for p in prompts:
+        messages = []
+        for i, turn in enumerate(p.turns):
+            messages.append({"role": "user", "content": turn})
+            text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+            ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+            if i < len(p.turns) - 1:
+                reply = generate(model, tokenizer, ids, HISTORY_TOKENS)
+                messages.append({"role": "assistant", "content": reply.text.strip()})
+        p.ids = ids

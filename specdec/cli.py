@@ -1,0 +1,247 @@
+"""Command line: `specdec generate`, `specdec demo`, `specdec bench`.
+
+User mistakes end with a one-line message and exit status 2, never a traceback.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+from . import decoding
+from .models.loading import DEFAULT_MODEL
+
+
+class CLIError(Exception):
+    """A user mistake: printed as one line."""
+
+
+def _positive_int(text: str) -> int:
+    value = _int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _int(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+
+
+def _float(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+
+
+class TextStream:
+    """Prints decoded text as token ids arrive; holds back an incomplete UTF-8 character."""
+
+    def __init__(self, tokenizer, out=sys.stdout):
+        self.tokenizer, self.out = tokenizer, out
+        self.ids: list[int] = []
+        self.printed = 0
+
+    def __call__(self, new_ids: list[int]) -> None:
+        self.ids.extend(new_ids)
+        text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
+        if text.endswith("\ufffd"):
+            return
+        self.out.write(text[self.printed:])
+        self.out.flush()
+        self.printed = len(text)
+
+
+def make_drafter(spec: str, target, dtype):
+    """--draft: 'ngram', 'none', or a model name/path."""
+    from .drafters import ModelDrafter, NgramDrafter
+    from .models.loading import load_model
+
+    if spec == "none":
+        return None
+    if spec == "ngram":
+        return NgramDrafter()
+    return ModelDrafter(load_model(spec, dtype=dtype, device=target.device))
+
+
+def add_model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default=DEFAULT_MODEL, help=f"target: embedded name, checkpoint dir or .gguf (default {DEFAULT_MODEL})")
+    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None,
+                   help="default: bfloat16 where the CPU has native bf16, else float32")
+    p.add_argument("--device", default="cpu")
+
+
+def cmd_generate(args) -> int:
+    from .models.loading import load_model
+
+    params = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
+                  chat=not args.no_chat)
+    # Cheap checks first, so a typo fails in milliseconds, not after loading a model.
+    decoding.check_sampling(args.temperature, args.top_k, args.top_p)
+    decoding.check_max_tokens(args.max_tokens)
+    if not args.prompt:
+        raise ValueError("prompt is empty")
+    target = load_model(args.model, dtype=args.dtype, device=args.device)
+    if target.tokenizer is None:
+        raise CLIError(f"{args.model} ships no tokenizer; use the Python API with token ids")
+    drafter = make_drafter(args.draft, target, args.dtype)
+    stream = TextStream(target.tokenizer)
+    start = time.perf_counter()
+    if drafter is None:
+        result = decoding.generate(target, target.tokenizer, args.prompt, args.max_tokens, stream=stream, **params)
+    else:
+        result = decoding.speculative_generate(target, drafter, target.tokenizer, args.prompt, args.max_tokens,
+                                               num_draft_tokens=args.num_draft_tokens, stream=stream, **params)
+    seconds = time.perf_counter() - start
+    s = result.stats
+    summary = f"[{s.generated} tokens, {s.generated / seconds:.1f} tok/s, finish={result.finish_reason}"
+    if drafter is not None:
+        summary += f", acceptance {s.acceptance_rate:.2f}, {s.tokens_per_target_call:.2f} tokens/target call"
+    print(file=sys.stdout)
+    print(summary + "]", file=sys.stderr)
+    return 0
+
+
+DEMO_PROMPT = (
+    "Summarize this passage in two sentences.\n\n"
+    "The city of Lindenfeld opened its first public library in 1892, in two rooms above the "
+    "old grain exchange. For decades the library lent books only to residents who owned property, "
+    "until a petition signed by more than four thousand workers changed the rule in 1921. The "
+    "library moved to its present building on Canal Street in 1958. Today it holds about 310,000 "
+    "books, runs a free reading programme for children every Saturday morning, and lends tools, "
+    "musical instruments and telescopes as well as books."
+)
+
+
+def cmd_demo(args) -> int:
+    """Normal vs speculative decoding on the embedded default: outputs, match, speedup, acceptance."""
+    from .models.loading import load_model
+
+    print(f"loading {args.model} ...", file=sys.stderr)
+    target = load_model(args.model, dtype=args.dtype, device=args.device)
+    drafter = make_drafter(args.draft, target, args.dtype)
+    if drafter is None:
+        raise CLIError("the demo compares against a draft: --draft must not be 'none'")
+    tok = target.tokenizer
+    run_normal = lambda: decoding.generate(target, tok, DEMO_PROMPT, args.max_tokens, chat=True)  # noqa: E731
+    run_spec = lambda: decoding.speculative_generate(  # noqa: E731
+        target, drafter, tok, DEMO_PROMPT, args.max_tokens, num_draft_tokens=args.num_draft_tokens, chat=True)
+    run_normal(), run_spec()  # warmup: first calls pay for allocation and kernel selection
+    times = {"normal": [], "speculative": []}
+    for trial in range(args.trials):
+        # Alternate the order so drift on a shared machine hits both methods alike.
+        order = [("normal", run_normal), ("speculative", run_spec)]
+        for name, fn in order if trial % 2 == 0 else order[::-1]:
+            t0 = time.perf_counter()
+            result = fn()
+            times[name].append(time.perf_counter() - t0)
+            if name == "normal":
+                normal = result
+            else:
+                spec = result
+    t_n, t_s = statistics.median(times["normal"]), statistics.median(times["speculative"])
+    print("=== normal decoding ===\n" + normal.text)
+    print(f"=== speculative decoding ({drafter!r}, k={args.num_draft_tokens}) ===\n" + spec.text)
+    print("=== summary ===")
+    print(f"outputs match token for token: {spec.token_ids == normal.token_ids}")
+    print(f"normal      {t_n * 1000:7.0f} ms  ({len(normal.token_ids) / t_n:.1f} tok/s)")
+    print(f"speculative {t_s * 1000:7.0f} ms  ({len(spec.token_ids) / t_s:.1f} tok/s)")
+    print(f"speedup {t_n / t_s:.2f}x (median of {args.trials} interleaved trials after a warmup)")
+    st = spec.stats
+    print(f"acceptance rate {st.acceptance_rate:.2f}, tokens per target call {st.tokens_per_target_call:.2f} "
+          f"(normal decoding: 1.00), target calls {st.target_calls} vs {normal.stats.target_calls}")
+    return 0
+
+
+def _int_list(text: str) -> list[int]:
+    values = [_positive_int(v) for v in text.split(",") if v.strip()]
+    if not values:
+        raise argparse.ArgumentTypeError("expected a comma-separated list of integers")
+    return values
+
+
+def cmd_bench(args) -> int:
+    from .bench.report import print_summary, write_report
+    from .bench.runner import BenchConfig, run_benchmark
+
+    options = dict(model=args.model, draft=args.draft, dtype=args.dtype, device=args.device, threads=args.threads,
+                   prompts=args.prompts, categories=args.categories.split(",") if args.categories else None,
+                   per_category=args.per_category, max_tokens=args.max_tokens, trials=args.trials, ks=args.ks,
+                   peers=not args.no_peers)
+    cfg = BenchConfig.quick_config(**options) if args.quick else BenchConfig(
+        **{k: v for k, v in options.items() if v is not None})
+    cfg.validate()
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise CLIError(f"--out {out} exists and is not a directory")
+    report = run_benchmark(cfg, log=lambda msg: print(msg, file=sys.stderr))
+    write_report(report, out)
+    print_summary(report)
+    print(f"report written to {out}/ (report.json, report.md, plots)", file=sys.stderr)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="specdec", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    g = sub.add_parser("generate", help="generate text, streaming it, then print a summary line")
+    g.add_argument("prompt")
+    add_model_args(g)
+    g.add_argument("--draft", default="ngram", help="'ngram' (prompt lookup), 'none' (plain decoding) or a model")
+    g.add_argument("--num-draft-tokens", type=_positive_int, default=4)
+    g.add_argument("--max-tokens", type=_int, default=128)
+    g.add_argument("--temperature", type=_float, default=0.0)
+    g.add_argument("--top-k", type=_positive_int, default=None)
+    g.add_argument("--top-p", type=_float, default=None)
+    g.add_argument("--seed", type=_int, default=None)
+    g.add_argument("--no-chat", action="store_true", help="feed the prompt as raw text, without the chat template")
+    g.set_defaults(func=cmd_generate)
+
+    d = sub.add_parser("demo", help="normal vs speculative decoding on the embedded default model")
+    add_model_args(d)
+    d.add_argument("--draft", default="ngram")
+    d.add_argument("--num-draft-tokens", type=_positive_int, default=4)
+    d.add_argument("--max-tokens", type=_positive_int, default=96)
+    d.add_argument("--trials", type=_positive_int, default=3)
+    d.set_defaults(func=cmd_demo)
+
+    b = sub.add_parser("bench", help="benchmark normal vs speculative decoding (and transformers) on a prompt suite")
+    add_model_args(b)
+    b.add_argument("--draft", default=None, help="a draft model (name or path); the n-gram drafter always runs")
+    b.add_argument("--threads", type=_positive_int, default=None, help="torch threads (default: torch's choice)")
+    b.add_argument("--prompts", default=None, help="a JSONL prompt file (default: the bundled suite)")
+    b.add_argument("--categories", default=None, help="comma-separated categories to run")
+    b.add_argument("--per-category", type=_positive_int, default=None, help="at most this many prompts per category")
+    b.add_argument("--max-tokens", type=_positive_int, default=None, help="default 128 (64 with --quick)")
+    b.add_argument("--trials", type=_positive_int, default=None, help="default 3 (2 with --quick)")
+    b.add_argument("--num-draft-tokens", dest="ks", type=_int_list, default=None, help="e.g. 2,4,8 (the default)")
+    b.add_argument("--no-peers", action="store_true", help="skip transformers' generate / assisted / prompt lookup")
+    b.add_argument("--quick", action="store_true", help="a smoke run: one prompt per category, short outputs")
+    b.add_argument("--out", default="bench-out", help="directory for report.json, report.md and plots")
+    b.set_defaults(func=cmd_bench)
+    return parser
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except (CLIError, ValueError, TypeError, FileNotFoundError) as exc:
+        if os.environ.get("SPECDEC_DEBUG"):
+            raise
+        print(f"specdec: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

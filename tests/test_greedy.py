@@ -1,0 +1,221 @@
+"""Greedy speculative decoding is greedy decoding, token for token, whatever the draft."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import transformers
+
+from specdec import HFAdapter, ModelDrafter, NgramDrafter, generate, load_model, speculative_generate
+from tiny import CONFIGS, save_tiny, tiny_hf_model
+
+MAX_TOKENS = 24
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny models: threads only add contention on a shared machine."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+PROMPTS = {
+    "short": [7],
+    "random": [3, 41, 17, 59, 8, 22, 36, 1, 50],
+    "repeated": [5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6, 7, 8, 5, 6, 7],
+}
+DRAFTS = ["target", "poor", "noisy", "ngram", "raw-hf"]
+KS = [1, 2, 4, 8]
+
+
+def tiny_gpt2(seed=0) -> transformers.GPT2LMHeadModel:
+    cfg = transformers.GPT2Config(vocab_size=64, n_embd=32, n_layer=2, n_head=4, n_positions=128,
+                                  bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    torch.manual_seed(seed)
+    model = transformers.GPT2LMHeadModel(cfg)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.mul_(4.0)
+    return model.eval()
+
+
+def hf_greedy(hf_model, prompt, n) -> list[int]:
+    with torch.no_grad():
+        out = hf_model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                                do_sample=False, min_new_tokens=n, max_new_tokens=n, pad_token_id=0)
+    return out[0, len(prompt):].tolist()
+
+
+def check_stats(res, *, drafter_has_model: bool):
+    s = res.stats
+    assert s.generated == len(res.token_ids)
+    assert 1 <= s.target_calls <= s.generated
+    assert 0 <= s.accepted <= s.drafted
+    # every target call but the prefill adds accepted drafts + one token
+    assert s.generated == 1 + s.accepted + (s.target_calls - 1)
+    if drafter_has_model:
+        assert s.draft_calls >= 1 if s.drafted else s.draft_calls == 0
+    else:
+        assert s.draft_calls == 0
+    per = s.accepted_per_position
+    assert all(0.0 <= x <= 1.0 for x in per)
+    if len(set(s.proposed_at)) <= 1:
+        # Every step proposed the same number of drafts: the rate can only fall with the position.
+        # (With varying proposal lengths it can rise; see test_accepted_per_position_with_variable_proposals.)
+        assert all(a >= b for a, b in zip(per, per[1:])), per
+    assert len(per) <= len(s.proposed_at) and len(s.accepted_at) <= len(s.proposed_at)
+    assert sum(s.accepted_at) == s.accepted and sum(s.proposed_at) == s.drafted
+    if s.drafted:
+        assert 0.0 <= s.acceptance_rate <= 1.0
+    else:
+        assert math.isnan(s.acceptance_rate)
+    assert s.tokens_per_target_call >= 1.0
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    d = tmp_path_factory.mktemp("greedy")
+    target = load_model(save_tiny(d / "target", "llama", seed=0), dtype="float32")
+    poor = load_model(save_tiny(d / "poor", "llama", seed=1), dtype="float32")
+    # The target's weights plus noise: agrees often but not always, so partial accepts happen.
+    noisy = load_model(d / "target", dtype="float32")
+    g = torch.Generator().manual_seed(7)
+    with torch.no_grad():
+        for p in noisy.module.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * 0.15 * p.std())
+    return {"target": target, "poor": poor, "noisy": noisy, "hf_target": tiny_hf_model("llama", seed=0),
+            "raw_hf_draft": tiny_hf_model("qwen2", seed=2)}
+
+
+@pytest.fixture(scope="module")
+def reference(models):
+    """Plain greedy output of the target for each prompt."""
+    return {name: generate(models["target"], None, p, MAX_TOKENS).token_ids for name, p in PROMPTS.items()}
+
+
+def make_draft(kind, models):
+    if kind == "target":
+        return models["target"]
+    if kind in ("poor", "noisy"):
+        return models[kind]
+    if kind == "ngram":
+        return NgramDrafter()
+    return models["raw_hf_draft"]
+
+
+def test_plain_greedy_matches_transformers_generate(models, reference):
+    for name, prompt in PROMPTS.items():
+        assert reference[name] == hf_greedy(models["hf_target"], prompt, MAX_TOKENS), name
+
+
+@pytest.mark.parametrize("kind", sorted(CONFIGS))
+def test_plain_greedy_matches_transformers_every_kind(kind, tmp_path_factory):
+    path = save_tiny(tmp_path_factory.mktemp(kind) / kind, kind, seed=3)
+    native = load_model(path, dtype="float32")
+    hf = tiny_hf_model(kind, seed=3)
+    prompt = PROMPTS["random"]
+    ours = generate(native, None, prompt, 16)
+    assert ours.finish_reason == "length" and len(ours.token_ids) == 16
+    assert ours.token_ids == hf_greedy(hf, prompt, 16)
+    # the same model through the adapter, as a raw transformers model
+    assert generate(hf, None, prompt, 16).token_ids == ours.token_ids
+
+
+@pytest.mark.parametrize("k", KS)
+@pytest.mark.parametrize("draft_kind", DRAFTS)
+@pytest.mark.parametrize("prompt_name", sorted(PROMPTS))
+def test_speculative_equals_greedy(prompt_name, draft_kind, k, models, reference):
+    res = speculative_generate(models["target"], make_draft(draft_kind, models), None, PROMPTS[prompt_name],
+                               MAX_TOKENS, num_draft_tokens=k)
+    assert res.token_ids == reference[prompt_name]
+    assert res.finish_reason == "length"
+    assert res.prompt_ids == PROMPTS[prompt_name]
+    assert res.text is None
+    check_stats(res, drafter_has_model=draft_kind != "ngram")
+    assert len(res.stats.proposed_at) <= k
+    if draft_kind == "target":
+        assert res.stats.acceptance_rate == 1.0
+        assert res.stats.tokens_per_target_call > 1.0
+        assert res.stats.accepted_per_position == [1.0] * len(res.stats.accepted_per_position)
+        # k accepted drafts + 1 token per verification pass
+        assert res.stats.target_calls == 1 + math.ceil((MAX_TOKENS - 1) / (k + 1))
+    if draft_kind == "noisy":
+        assert 0 < res.stats.accepted < res.stats.drafted  # partial acceptance exercised
+
+
+def test_accepted_per_position_reports_zero_rates():
+    from specdec import Stats
+
+    s = Stats()
+    s.record_step(drafted=2, accepted=0)
+    assert s.accepted_per_position == [0.0, 0.0]
+
+
+def test_accepted_per_position_with_variable_proposals():
+    from specdec import Stats
+
+    # Per position: accepted among the steps that proposed that many drafts. With varying
+    # proposal lengths (n-gram matches, the last steps before max_tokens) it may rise.
+    s = Stats()
+    s.record_step(drafted=1, accepted=0)
+    s.record_step(drafted=2, accepted=2)
+    assert s.accepted_per_position == [0.5, 1.0]
+
+
+def test_draft_calls_counted(models):
+    res = speculative_generate(models["target"], models["target"], None, PROMPTS["random"], 21, num_draft_tokens=4)
+    # 20 tokens after the prefill, 5 per step: 4 steps. Each step runs the unseen accepted tokens
+    # in one pass, then k-1 single-token passes: k passes per step.
+    assert res.stats.target_calls == 5
+    assert res.stats.draft_calls == 4 * 4
+    assert res.stats.drafted == 16 and res.stats.accepted == 16
+
+
+def test_drafter_instance_reusable(models, reference):
+    drafter = ModelDrafter(models["poor"])
+    for name, prompt in PROMPTS.items():
+        assert speculative_generate(models["target"], drafter, None, prompt, MAX_TOKENS,
+                                    num_draft_tokens=3).token_ids == reference[name]
+
+
+def test_raw_transformers_target(models, reference):
+    """The target itself a raw transformers model, behind the adapter."""
+    for draft in (models["poor"], NgramDrafter(), models["hf_target"]):
+        res = speculative_generate(models["hf_target"], draft, None, PROMPTS["repeated"], MAX_TOKENS,
+                                   num_draft_tokens=4)
+        assert res.token_ids == reference["repeated"]
+
+
+# ----------------------------------------------------------------------------- GPT-2 target
+
+
+@pytest.fixture(scope="module")
+def gpt2():
+    return tiny_gpt2(seed=0)
+
+
+@pytest.fixture(scope="module")
+def gpt2_reference(gpt2):
+    return {name: generate(gpt2, None, p, MAX_TOKENS).token_ids for name, p in PROMPTS.items()}
+
+
+def test_gpt2_greedy_matches_transformers(gpt2, gpt2_reference):
+    for name, prompt in PROMPTS.items():
+        assert gpt2_reference[name] == hf_greedy(gpt2, prompt, MAX_TOKENS), name
+
+
+@pytest.mark.parametrize("k", KS)
+@pytest.mark.parametrize("draft_kind", ["self", "poor-gpt2", "llama", "ngram"])
+def test_gpt2_speculative_equals_greedy(draft_kind, k, gpt2, gpt2_reference, models):
+    draft = {"self": lambda: HFAdapter(gpt2), "poor-gpt2": lambda: tiny_gpt2(seed=5),
+             "llama": lambda: models["poor"], "ngram": NgramDrafter}[draft_kind]()
+    for name, prompt in PROMPTS.items():
+        res = speculative_generate(gpt2, draft, None, prompt, MAX_TOKENS, num_draft_tokens=k)
+        assert res.token_ids == gpt2_reference[name], name
+        check_stats(res, drafter_has_model=draft_kind != "ngram")
+        if draft_kind == "self":
+            assert res.stats.acceptance_rate == 1.0 and res.stats.tokens_per_target_call > 1.0
