@@ -173,7 +173,7 @@ def cmd_bench(args) -> int:
     options = dict(model=args.model, draft=args.draft, dtype=args.dtype, device=args.device, threads=args.threads,
                    prompts=args.prompts, categories=args.categories.split(",") if args.categories else None,
                    per_category=args.per_category, max_tokens=args.max_tokens, trials=args.trials, ks=args.ks,
-                   peers=not args.no_peers)
+                   peers=not args.no_peers, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
     cfg = BenchConfig.quick_config(**options) if args.quick else BenchConfig(
         **{k: v for k, v in options.items() if v is not None})
     cfg.validate()
@@ -222,6 +222,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--max-tokens", type=_positive_int, default=None, help="default 128 (64 with --quick)")
     b.add_argument("--trials", type=_positive_int, default=None, help="default 3 (2 with --quick)")
     b.add_argument("--num-draft-tokens", dest="ks", type=_int_list, default=None, help="e.g. 2,4,8 (the default)")
+    b.add_argument("--temperature", type=_float, default=None, help="0 (the default) is greedy")
+    b.add_argument("--top-k", type=_positive_int, default=None)
+    b.add_argument("--top-p", type=_float, default=None)
     b.add_argument("--no-peers", action="store_true", help="skip transformers' generate / assisted / prompt lookup")
     b.add_argument("--quick", action="store_true", help="a smoke run: one prompt per category, short outputs")
     b.add_argument("--out", default="bench-out", help="directory for report.json, report.md and plots")

@@ -57,24 +57,25 @@ class Method:
 class Normal(Method):
     name, family = "normal", "baseline"
 
-    def __init__(self, target):
-        self.target, self.device = target, target.device
+    def __init__(self, target, sampling: dict):
+        self.target, self.device, self.sampling = target, target.device, sampling
 
     def call(self, prompt_ids, max_tokens):
-        g = generate(self.target, None, prompt_ids, max_tokens)
+        g = generate(self.target, None, prompt_ids, max_tokens, **self.sampling)
         return g.token_ids, g.stats.timings["prefill"], _stats_dict(g.stats)
 
 
 class Speculative(Method):
     family = "specdec"
 
-    def __init__(self, target, drafter, drafter_name: str, k):
-        self.target, self._drafter, self.device = target, drafter, target.device
+    def __init__(self, target, drafter, drafter_name: str, k, sampling: dict):
+        self.target, self._drafter, self.device, self.sampling = target, drafter, target.device, sampling
         self.drafter, self.k = drafter_name, k
         self.name = f"spec-{drafter_name}-k{k}"
 
     def call(self, prompt_ids, max_tokens):
-        g = speculative_generate(self.target, self._drafter, None, prompt_ids, max_tokens, num_draft_tokens=self.k)
+        g = speculative_generate(self.target, self._drafter, None, prompt_ids, max_tokens, num_draft_tokens=self.k,
+                                 **self.sampling)
         return g.token_ids, g.stats.timings["prefill"], _stats_dict(g.stats)
 
 
@@ -83,9 +84,10 @@ class Transformers(Method):
 
     family = "transformers"
 
-    def __init__(self, name, hf_model, *, eos_ids, assistant=None, assistant_options=None, drafter=None, k=None,
-                 **options):
+    def __init__(self, name, hf_model, *, eos_ids, sampling: dict, assistant=None, assistant_options=None,
+                 drafter=None, k=None, **options):
         self.name, self.hf, self.assistant = name, hf_model, assistant
+        self.sampling = sampling
         self.assistant_options = assistant_options or {}
         self.options, self.eos_ids = options, list(eos_ids)
         self.drafter, self.k = drafter, k
@@ -101,7 +103,14 @@ class Transformers(Method):
             for key, value in self.assistant_options.items():
                 setattr(self.assistant.generation_config, key, value)
             kwargs["assistant_model"] = self.assistant
-        out = self.hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_tokens, do_sample=False,
+        temperature = self.sampling.get("temperature", 0.0)
+        if temperature > 0:
+            torch.manual_seed(self.sampling["seed"])
+            kwargs.update(do_sample=True, temperature=temperature, top_k=self.sampling.get("top_k") or 0,
+                          top_p=self.sampling.get("top_p") or 1.0)
+        else:
+            kwargs.update(do_sample=False, temperature=None, top_k=None, top_p=None)
+        out = self.hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_tokens,
                                eos_token_id=self.eos_ids, pad_token_id=self.eos_ids[0], **kwargs)
         return out[0, len(prompt_ids):].tolist(), None, None
 
@@ -110,31 +119,33 @@ HF_ASSISTED_DEFAULTS = {"num_assistant_tokens": 20, "num_assistant_tokens_schedu
                         "assistant_confidence_threshold": 0.4}
 
 
-def hf_assisted_default(hf, assistant, eos_ids, drafter_name):
+def hf_assisted_default(hf, assistant, eos_ids, sampling, drafter_name):
     """transformers' own defaults for assisted generation (20 tokens, confidence stop at 0.4)."""
-    return Transformers(f"hf-assisted-{drafter_name}", hf, eos_ids=eos_ids, assistant=assistant,
+    return Transformers(f"hf-assisted-{drafter_name}", hf, eos_ids=eos_ids, sampling=sampling, assistant=assistant,
                         assistant_options=HF_ASSISTED_DEFAULTS, drafter=drafter_name, k="hf-default")
 
 
-def hf_assisted_heuristic(hf, assistant, eos_ids, drafter_name, k):
+def hf_assisted_heuristic(hf, assistant, eos_ids, sampling, drafter_name, k):
     """The +2 when all accepted / -1 otherwise schedule, reset at each call."""
-    return Transformers(f"hf-assisted-{drafter_name}-heuristic", hf, eos_ids=eos_ids, assistant=assistant,
+    return Transformers(f"hf-assisted-{drafter_name}-heuristic", hf, eos_ids=eos_ids, sampling=sampling,
+                        assistant=assistant,
                         assistant_options={"num_assistant_tokens": k, "num_assistant_tokens_schedule":
                                            "heuristic_transient", "assistant_confidence_threshold": 0.0},
                         drafter=drafter_name, k=f"heuristic from {k}")
 
 
-def hf_assisted_constant(hf, assistant, eos_ids, drafter_name, k):
-    return Transformers(f"hf-assisted-{drafter_name}-k{k}", hf, eos_ids=eos_ids, assistant=assistant,
+def hf_assisted_constant(hf, assistant, eos_ids, sampling, drafter_name, k):
+    return Transformers(f"hf-assisted-{drafter_name}-k{k}", hf, eos_ids=eos_ids, sampling=sampling, assistant=assistant,
                         assistant_options={"num_assistant_tokens": k, "num_assistant_tokens_schedule": "constant",
                                            "assistant_confidence_threshold": 0.0},
                         drafter=drafter_name, k=k)
 
 
-def hf_prompt_lookup(hf, eos_ids, k):
-    return Transformers(f"hf-prompt-lookup-k{k}", hf, eos_ids=eos_ids, prompt_lookup_num_tokens=k,
+def hf_prompt_lookup(hf, eos_ids, sampling, k):
+    return Transformers(f"hf-prompt-lookup-k{k}", hf, eos_ids=eos_ids, sampling=sampling, prompt_lookup_num_tokens=k,
                         drafter="ngram", k=k)
 
 
-def hf_greedy(hf, eos_ids):
-    return Transformers("hf-greedy", hf, eos_ids=eos_ids)
+def hf_generate(hf, eos_ids, sampling):
+    name = "hf-greedy" if not sampling.get("temperature") else "hf-sample"
+    return Transformers(name, hf, eos_ids=eos_ids, sampling=sampling)

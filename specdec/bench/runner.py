@@ -42,6 +42,9 @@ class BenchConfig:
     max_tokens: int = 128
     trials: int = 3
     ks: list[int] = field(default_factory=lambda: [2, 4, 8])
+    temperature: float = 0.0  # 0 is greedy; outputs are then checked against the baseline
+    top_k: int | None = None
+    top_p: float | None = None
     peers: bool = True  # transformers' generate / assisted / prompt lookup
     quick: bool = False
 
@@ -61,6 +64,9 @@ class BenchConfig:
             raise ValueError(f"num_draft_tokens values must be >= 1, got {self.ks}")
         if self.threads is not None and self.threads < 1:
             raise ValueError(f"threads must be >= 1, got {self.threads}")
+        from ..decoding import check_sampling
+
+        check_sampling(self.temperature, self.top_k, self.top_p)
         if self.device.startswith("cuda") and not torch.cuda.is_available():
             raise ValueError("device cuda requested but no CUDA GPU is available")
 
@@ -122,21 +128,23 @@ def measure_costs(target, drafts: dict, ks) -> dict:
 def build_methods(cfg: BenchConfig, target, draft_model, hf, hf_draft) -> list[M.Method]:
     from ..drafters import ModelDrafter, NgramDrafter
 
-    methods: list[M.Method] = [M.Normal(target)]
+    # A fixed seed: each prompt's sampled output is the same in every trial, so trials time the same work.
+    sp = dict(temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p, seed=0)
+    methods: list[M.Method] = [M.Normal(target, sp)]
     for k in cfg.ks:
-        methods.append(M.Speculative(target, NgramDrafter(), "ngram", k))
+        methods.append(M.Speculative(target, NgramDrafter(), "ngram", k, sp))
     if draft_model is not None:
         for k in cfg.ks:
-            methods.append(M.Speculative(target, ModelDrafter(draft_model), "draft", k))
+            methods.append(M.Speculative(target, ModelDrafter(draft_model), "draft", k, sp))
     if hf is not None:
         eos = target.eos_token_ids
-        methods.append(M.hf_greedy(hf, eos))
+        methods.append(M.hf_generate(hf, eos, sp))
         mid_k = cfg.ks[len(cfg.ks) // 2]
-        methods.append(M.hf_prompt_lookup(hf, eos, mid_k))
+        methods.append(M.hf_prompt_lookup(hf, eos, sp, mid_k))
         if hf_draft is not None:
-            methods.append(M.hf_assisted_default(hf, hf_draft, eos, "draft"))
-            methods.append(M.hf_assisted_constant(hf, hf_draft, eos, "draft", mid_k))
-            methods.append(M.hf_assisted_heuristic(hf, hf_draft, eos, "draft", mid_k))
+            methods.append(M.hf_assisted_default(hf, hf_draft, eos, sp, "draft"))
+            methods.append(M.hf_assisted_constant(hf, hf_draft, eos, sp, "draft", mid_k))
+            methods.append(M.hf_assisted_heuristic(hf, hf_draft, eos, sp, "draft", mid_k))
     return methods
 
 
@@ -283,7 +291,7 @@ def aggregate(cfg, prompts, methods, records, costs, cold, target) -> dict:
                           if key in ("acceptance_rate", "tokens_per_target_call", "accepted_per_position")})
             by_cat[cat] = entry
         mismatches = []
-        if m.name != "normal":
+        if m.name != "normal" and cfg.temperature == 0:
             for p in prompts:
                 mine, ref = per[p.id]["tokens"], base[p.id]["tokens"]
                 if mine == ref:
