@@ -27,6 +27,8 @@ class Stats:
     draft_calls: draft-model forward passes (0 for a model-free drafter such as n-gram).
     drafted: tokens proposed by the drafter, summed over steps.
     accepted: proposed tokens the target accepted (bonus and correction tokens excluded).
+    rejections: steps in which a proposed token was rejected (accepted / (accepted +
+        rejections) estimates the per-token acceptance probability alpha of Leviathan et al.).
     accepted_per_position[i]: among steps that proposed at least i+1 tokens, the fraction
         in which drafts 1..i+1 were all accepted. (With a fixed proposal length it can only
         fall with i; a drafter that proposes fewer tokens on some steps can break that.)
@@ -39,6 +41,7 @@ class Stats:
     draft_calls: int = 0
     drafted: int = 0
     accepted: int = 0
+    rejections: int = 0
     generated: int = 0
     proposed_at: list[int] = field(default_factory=list)  # steps that proposed >= i+1 tokens
     accepted_at: list[int] = field(default_factory=list)  # steps that accepted >= i+1 tokens
@@ -63,6 +66,7 @@ class Stats:
     def record_step(self, drafted: int, accepted: int) -> None:
         self.drafted += drafted
         self.accepted += accepted
+        self.rejections += accepted < drafted
         for store, n in ((self.proposed_at, drafted), (self.accepted_at, accepted)):
             store.extend([0] * (n - len(store)))
             for i in range(n):

@@ -62,6 +62,7 @@ class BenchConfig:
             raise ValueError(f"trials must be >= 1, got {self.trials}")
         if not self.ks or any(k < 1 for k in self.ks):
             raise ValueError(f"num_draft_tokens values must be >= 1, got {self.ks}")
+        self.ks = sorted(set(self.ks))
         if self.threads is not None and self.threads < 1:
             raise ValueError(f"threads must be >= 1, got {self.threads}")
         from ..decoding import check_sampling
@@ -225,24 +226,29 @@ def _per_prompt(records, method, prompts):
         prefills = [r["prefill_seconds"] for r in rows if r["prefill_seconds"] is not None]
         first = min(rows, key=lambda r: r["trial"])
         out[p.id] = {"seconds": statistics.median(r["seconds"] for r in rows), "tokens": first["tokens"],
+                     "first_seconds": first["seconds"],
                      "prefill": statistics.median(prefills) if prefills else None, "stats": first["stats"]}
     return out
 
 
-def _spec_metrics(rows: list[dict], seconds: float) -> dict:
-    """Acceptance and cost metrics summed over prompts (stats of one trial each)."""
+def _spec_metrics(rows: list[dict]) -> dict:
+    """Acceptance and cost metrics summed over prompts (stats and time of the same trial)."""
     st = [r["stats"] for r in rows if r["stats"]]
+    seconds = sum(r["first_seconds"] for r in rows if r["stats"])
     if not st:
         return {}
     total = lambda key: sum(s[key] for s in st)  # noqa: E731
     width = max(len(s["proposed_at"]) for s in st)
     proposed = [sum(s["proposed_at"][i] for s in st if i < len(s["proposed_at"])) for i in range(width)]
     accepted = [sum(s["accepted_at"][i] for s in st if i < len(s["accepted_at"])) for i in range(width)]
-    drafted, acc = total("drafted"), total("accepted")
+    drafted, acc, rejections = total("drafted"), total("accepted"), total("rejections")
     steps = total("target_calls") - len(st)  # verification passes (prefills excluded)
     draft_s = sum(s["timings"]["draft"] for s in st)
     return {
         "acceptance_rate": acc / drafted if drafted else math.nan,
+        # MLE of Leviathan's per-token acceptance probability: each step accepts a geometric
+        # run of drafts, ended by a rejection or by running out of drafts.
+        "alpha": acc / (acc + rejections) if acc + rejections else math.nan,
         "tokens_per_target_call": total("generated") / total("target_calls"),
         "tokens_per_step": (total("generated") - len(st)) / steps if steps else math.nan,
         "accepted_per_position": [a / p if p else math.nan for a, p in zip(accepted, proposed)],
@@ -272,8 +278,8 @@ def aggregate(cfg, prompts, methods, records, costs, cold, target) -> dict:
             prefill_s = sum(prefills)
             overall["prefill_ms_mean"] = 1000 * prefill_s / len(prefills)
             overall["decode_ms_per_token"] = 1000 * (seconds - prefill_s) / max(tokens - len(prefills), 1)
-        overall.update(_spec_metrics(list(per.values()), seconds))
-        if m.family == "specdec" and not math.isnan(overall.get("acceptance_rate", math.nan)):
+        overall.update(_spec_metrics(list(per.values())))
+        if m.family == "specdec" and not math.isnan(overall.get("alpha", math.nan)):
             k = m.k
             if m.drafter in costs["drafts"]:
                 c = costs["drafts"][m.drafter]["c"]
@@ -281,14 +287,13 @@ def aggregate(cfg, prompts, methods, records, costs, cold, target) -> dict:
                 c = overall["draft_seconds"] / max(overall["verify_steps"], 1) / k / t1
             v = costs["verify_cost"].get(str(k), 1.0)
             overall.update(cost_ratio_c=c, verify_cost=v,
-                           predicted_speedup=predicted_speedup(overall["acceptance_rate"], k, c, v))
+                           predicted_speedup=predicted_speedup(overall["alpha"], k, c, v))
         by_cat = {}
         for cat in cats:
             ids = [p.id for p in prompts if p.category == cat]
             entry = {"speedup": summarize_ratios([ratios[i] for i in ids])}
-            entry.update({key: val for key, val in _spec_metrics([per[i] for i in ids],
-                                                                  sum(per[i]["seconds"] for i in ids)).items()
-                          if key in ("acceptance_rate", "tokens_per_target_call", "accepted_per_position")})
+            entry.update({key: val for key, val in _spec_metrics([per[i] for i in ids]).items()
+                          if key in ("acceptance_rate", "alpha", "tokens_per_target_call", "accepted_per_position")})
             by_cat[cat] = entry
         mismatches = []
         if m.name != "normal" and cfg.temperature == 0:

@@ -1,0 +1,330 @@
+"""Writing a benchmark report: report.json, report.md, four plots, and a summary table.
+
+Everything here reads the dict that runner.run_benchmark returns (documented in
+docs/bench-report-schema.md). A missing value -- None, NaN, or a key a method lacks
+(transformers methods have no acceptance stats) -- renders as "–". A plot without the
+data it needs is skipped with a note in report.md; it never fails the report.
+"""
+from __future__ import annotations
+
+import json
+import math
+import numbers
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from .stats import predicted_speedup
+
+DASH = "–"
+HALF_DTYPES = ("bfloat16", "float16")  # top-2 logit margins below 0.25 are likely ties there; 1e-3 otherwise
+
+
+class _Skip(Exception):
+    """A plot this report has no data for; the message goes into report.md."""
+
+
+def _clean(obj):
+    """JSON has no NaN: write null."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: _clean(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_clean(v) for v in obj]
+    return obj
+
+
+def _get(d, *path):
+    """d[path[0]][path[1]]..., or None where any level is missing."""
+    for key in path:
+        d = d.get(key) if isinstance(d, dict) else None
+    return d
+
+
+def _num(x) -> float | None:
+    """A finite number as float; None for None, NaN, inf and non-numbers."""
+    ok = isinstance(x, numbers.Real) and not isinstance(x, bool) and math.isfinite(x)
+    return float(x) if ok else None
+
+
+def _fmt(x, spec: str = ".2f", unit: str = "") -> str:
+    return DASH if _num(x) is None else f"{_num(x):{spec}}{unit}"
+
+
+def _pair(p) -> list:
+    """A [lo, hi] list from report data, as two floats or Nones."""
+    return [_num(v) for v in (list(p) if isinstance(p, (list, tuple)) else []) + [None, None]][:2]
+
+
+def _speedup(sp) -> str:
+    """'1.84x [1.52, 2.20]': geomean [95% CI]; '(n=1)' where a CI over one prompt would be empty."""
+    lo, hi = _pair(_get(sp, "ci95"))
+    g = _fmt(_get(sp, "geomean"), ".2f", "x")
+    if g == DASH or lo is None or hi is None:
+        return g
+    return f"{g} (n={_get(sp, 'n')})" if (_get(sp, "n") or 0) < 2 else f"{g} [{lo:.2f}, {hi:.2f}]"
+
+
+def _spec_methods(report: dict) -> list[dict]:
+    return [m for m in report.get("methods", []) if m.get("family") == "specdec"]
+
+
+def _machine(report: dict) -> str:
+    e = report.get("environment") or {}
+    chip = f"{e['gpu']} (host {e.get('cpu')})" if e.get("gpu") else e.get("cpu", "?")
+    return f"{chip} · {e.get('threads', '?')} threads · {e.get('dtype', '?')} · {e.get('device', '?')}"
+
+
+def _table(header: list[str], rows: list[list]) -> list[str]:
+    align = "|" + "|".join([":---"] + ["---:"] * (len(header) - 1)) + "|"
+    return ["| " + " | ".join(header) + " |", align] + ["| " + " | ".join(map(str, r)) + " |" for r in rows] + [""]
+
+
+OVERALL = [  # (column, key in method["overall"], format, unit)
+    ("tok/s", "tokens_per_s", ".1f", ""), ("ms/token", "ms_per_token", ".1f", ""),
+    ("prefill ms", "prefill_ms_mean", ".1f", ""), ("decode ms/token", "decode_ms_per_token", ".1f", ""),
+    ("acceptance", "acceptance_rate", ".3f", ""), ("alpha", "alpha", ".3f", ""), ("tokens/target call", "tokens_per_target_call", ".2f", ""),
+    ("drafted/step", "mean_drafted_per_step", ".2f", ""), ("draft time share", "draft_time_share", ".1%", ""),
+    ("c", "cost_ratio_c", ".4f", ""), ("verify cost", "verify_cost", ".2f", ""),
+    ("predicted", "predicted_speedup", ".2f", "x")]
+DEFINITIONS = [
+    "- **speedup**: per-prompt paired ratio (baseline ms/token / method ms/token), geometric mean over prompts, "
+    "bootstrap 95% CI over prompts; **median [IQR]** of the same ratios. **predicted**: "
+    "(1 − a^(k+1)) / ((1 − a)(k·c + verify cost)) (Leviathan et al. 2023) with a = **alpha**, the maximum-"
+    "likelihood per-token acceptance probability: accepted / (accepted + steps that rejected a draft).",
+    "- **tokens/target call** includes the prefill call and counts the bonus/correction token. **acceptance** = "
+    "accepted drafts / drafted tokens. **drafted/step**: drafts per verification pass. **draft time share**: "
+    "drafter time / total time.",
+    "- **c**: draft forward time / target forward time (model-free drafters: drafting time per proposal slot). "
+    "**verify cost**: target time for k+1 tokens / for 1 token. `–`: not measured for this method.", ""]
+
+
+def _md_header(report: dict) -> list[str]:
+    e, methods = report.get("environment") or {}, report.get("methods", [])
+    env = (f"{e.get('cpu')} ({e.get('cpu_count')} CPUs), {e.get('threads')} threads, device {e.get('device')}"
+           + (f" ({e['gpu']})" if e.get("gpu") else "") + f", {e.get('dtype')}; python {e.get('python')}, torch "
+           f"{e.get('torch')}, transformers {e.get('transformers')}, specdec {e.get('specdec')}; "
+           f"commit {e.get('git_commit') or DASH}; {e.get('date')}")
+    load = ", ".join(f"{k} {_fmt(v)} s" for k, v in (report.get("load_seconds") or {}).items())
+    first = _get((report.get("prompts") or [None])[0], "id")
+    warm = {m["name"]: [r["seconds"] for r in report.get("records", []) if r.get("method") == m["name"]
+                        and r.get("prompt") == first and _num(r.get("seconds")) is not None] for m in methods}
+    return ["# specdec benchmark report", "", f"**Environment:** {env}", "",
+            "**Config:** `" + ", ".join(f"{k}={v}" for k, v in (report.get("config") or {}).items()) + "`", "",
+            f"**Load times:** {load or DASH}", "", "## Cold (first-call) latency", ""] + _table(
+        ["method", "cold s (first call)", "warm s (median of trials)"],
+        [[m["name"], _fmt(m.get("cold_seconds")), _fmt(np.median(warm[m["name"]]) if warm[m["name"]] else None)]
+         for m in methods]) + [f"Both on the first prompt (`{first}`); the cold call pays one-time setup.", ""]
+
+
+def _md_tables(report: dict) -> list[str]:
+    """Overall, per category, acceptance by position and measured costs."""
+    methods, spec, costs = report.get("methods", []), _spec_methods(report), report.get("costs") or {}
+    lines = ["## Overall", ""] + _table(
+        ["method", "n", "speedup [95% CI]", "median [IQR]"] + [c for c, *_ in OVERALL],
+        [[m["name"], _get(m, "overall", "speedup", "n") or DASH, _speedup(_get(m, "overall", "speedup")),
+          _fmt(_get(m, "overall", "speedup", "median")) + " [{}, {}]".format(
+              *map(_fmt, _pair(_get(m, "overall", "speedup", "iqr"))))]
+         + [_fmt(_get(m, "overall", key), spec_, unit) for _, key, spec_, unit in OVERALL] for m in methods])
+    cats = sorted({c for m in methods for c in (m.get("categories") or {})})
+    lines += DEFINITIONS + ["## Speedup by category", ""] + _table(
+        ["method"] + cats, [[m["name"]] + [_speedup(_get(m, "categories", c, "speedup")) for c in cats]
+                            for m in methods])
+    width = max([len(_get(m, "overall", "accepted_per_position") or []) for m in spec] + [0])
+    lines += ["Geometric mean of per-prompt speedups [bootstrap 95% CI].", "", "## Acceptance by draft position", ""]
+    lines += _table(["method", "acceptance"] + [str(i + 1) for i in range(width)], [
+        [m["name"], _fmt(_get(m, "overall", "acceptance_rate"), ".3f")]
+        + [_fmt(v, ".3f") for v in ((_get(m, "overall", "accepted_per_position") or []) + [None] * width)[:width]]
+        for m in spec]) if spec else ["No speculative methods.", ""]
+    lines += ["Column i: among verification passes that proposed at least i drafts, the fraction in which drafts "
+              "1..i were all accepted.", "", "## Measured costs", "",
+              f"Target forward (1 token after 256 cached): {_fmt(costs.get('target_forward_ms'))} ms.", ""]
+    lines += _table(["k", "verify cost (k+1 tokens / 1 token)"],
+                    [[k, _fmt(v)] for k, v in (costs.get("verify_cost") or {}).items()])
+    drafts = costs.get("drafts") or {}
+    return lines + _table(
+        ["drafter", "forward ms", "c"],
+        [[f"draft model `{n}`", _fmt(d.get("forward_ms")), _fmt(d.get("c"), ".4f")] for n, d in drafts.items()]
+        + [[f"`{m['name']}` (model-free)", DASH, _fmt(_get(m, "overall", "cost_ratio_c"), ".4f")]
+           for m in spec if m.get("drafter") not in drafts])
+
+
+def _md_mismatches(report: dict) -> list[str]:
+    dtype, n_prompts = _get(report, "environment", "dtype"), len(report.get("prompts") or [])
+    tol = 0.25 if dtype in HALF_DTYPES else 1e-3
+    lines = ["## Greedy mismatches vs `normal`", ""]
+    temperature = _num(_get(report, "config", "temperature")) or 0.0
+    if temperature > 0:  # the runner checks outputs only under greedy decoding
+        return lines + [f"Not checked: sampling at temperature {temperature:g}, outputs differ by design.", ""]
+    for m in (m for m in report.get("methods", []) if m.get("family") != "baseline"):
+        mm = m.get("mismatches") or []
+        lines.append(f"- **{m['name']}**: " + (f"{len(mm)} of {n_prompts} prompts differ" if mm else "identical"))
+        for x in mm:
+            margin = _num(x.get("top2_margin"))
+            what = (f"top-2 margin {margin:.3g}, margin to its token {_fmt(x.get('margin_to_theirs'), '.3g')}"
+                    if margin is not None else f"one output is a prefix of the other (lengths "
+                    f"{x.get('baseline_len')} vs {x.get('method_len')})")
+            verdict = "tie?" if margin is not None and margin < tol else "MISMATCH"
+            lines.append(f"  - prompt `{x.get('prompt')}`, position {x.get('position')}: {what} → **{verdict}**")
+    return lines + ["", f"tie? = the target's top-2 logit margin there is below {tol:g} ({dtype}): a numerical "
+                        "near-tie, not a bug. MISMATCH = a real divergence to investigate.", ""]
+
+
+def _markdown(report: dict, plots: dict[str, tuple[bool, str | None]]) -> str:
+    lines = _md_header(report) + _md_tables(report) + _md_mismatches(report) + ["## Plots", ""]
+    for name, (written, note) in plots.items():
+        lines += [f"![{name}]({name}.png)"] * written + [f"- `{name}.png`: {note}"] * bool(note) + [""]
+    return "\n".join(lines)
+
+
+def _plot_speedup_by_category(report, fig, ax):
+    methods = [m for m in report.get("methods", []) if m.get("family") != "baseline"]
+    if not methods:
+        raise _Skip("no method besides the baseline")
+    cats = sorted({c for m in methods for c in (m.get("categories") or {})}) + ["overall"]
+    width, ys = 0.8 / len(methods), [0.5, 2.0]
+    for i, m in enumerate(methods):
+        bars = []  # (x, geomean, error below, error above)
+        for j, cat in enumerate(cats):
+            sp = _get(m, "overall", "speedup") if cat == "overall" else _get(m, "categories", cat, "speedup")
+            g, (lo, hi) = _num(_get(sp, "geomean")), _pair(_get(sp, "ci95"))
+            if g:
+                lo, hi = lo or g, hi or g
+                bars.append((j + (i - (len(methods) - 1) / 2) * width, g, max(g - lo, 0), max(hi - g, 0)))
+                ys += [lo, hi]
+        if bars:
+            x, g, below, above = zip(*bars)
+            ax.bar(x, np.array(g) - 1, width, bottom=1.0, yerr=[below, above], capsize=2, label=m["name"])
+    ax.axhline(1.0, ls="--", color="k", lw=1)
+    ax.set_yscale("log", base=2)
+    ax.set_ylim(min(ys) / 1.15, max(ys) * 1.15)
+    ax.yaxis.set_major_formatter(lambda y, _: f"{y:g}x")
+    ax.set_xticks(range(len(cats)), cats)
+    ax.set(title="Speedup over normal decoding by category (geomean, 95% CI)", xlabel="prompt category",
+           ylabel="speedup (log scale)")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
+
+
+def _plot_acceptance_by_position(report, fig, ax):
+    curves = {m["name"]: [_num(v) for v in _get(m, "overall", "accepted_per_position") or []]
+              for m in _spec_methods(report)}
+    curves = {name: [np.nan if v is None else v for v in c] for name, c in curves.items() if any(map(_num, c))}
+    if not curves:
+        raise _Skip("no speculative method has per-position acceptance data")
+    for name, y in curves.items():
+        ax.plot(range(1, len(y) + 1), y, marker="o", label=name)
+    ax.set_xticks(range(1, max(map(len, curves.values())) + 1))
+    ax.set_ylim(0, 1.05)
+    ax.set(title="Acceptance by draft position", xlabel="draft position i",
+           ylabel="P(drafts 1..i all accepted | ≥ i drafted)")
+    ax.legend(fontsize=7)
+
+
+def _plot_speedup_vs_k(report, fig, ax):
+    spec = [m for m in _spec_methods(report) if isinstance(m.get("k"), int)]
+    groups = {d: sorted((m for m in spec if str(m.get("drafter")) == d), key=lambda m: m["k"])
+              for d in sorted({str(m.get("drafter")) for m in spec})}  # drafter -> its methods by k
+    if not groups:
+        raise _Skip("no speculative methods with an integer k")
+    for i, (drafter, ms) in enumerate(groups.items()):
+        ks, sps = [m["k"] for m in ms], [_get(m, "overall", "speedup") for m in ms]
+        g = np.array([_num(_get(s, "geomean")) or np.nan for s in sps])
+        ci = np.array([[v or np.nan for v in _pair(_get(s, "ci95"))] for s in sps])
+        err = np.clip(np.nan_to_num([g - ci[:, 0], ci[:, 1] - g]), 0, None)
+        ax.errorbar(ks, g, yerr=err, fmt="o-", capsize=3, color=f"C{i}", label=f"{drafter}: measured")
+        pred = [_num(_get(m, "overall", "predicted_speedup")) or np.nan for m in ms]
+        ax.plot(ks, pred, "s--", mfc="none", color=f"C{i}", label=f"{drafter}: predicted")
+    ax.axhline(1.0, ls=":", color="0.4", lw=1)
+    ax.set_xticks(sorted({m["k"] for ms in groups.values() for m in ms}))
+    single = max(map(len, groups.values())) < 2
+    ax.set(title="Speedup vs drafted tokens per step" + (" (one k only: no trend)" if single else ""),
+           xlabel="k (max drafts per step)", ylabel="speedup over normal decoding (x)")
+    ax.legend(fontsize=7)
+    return "only one k value per drafter: points, no trend (run with several k)" if single else None
+
+
+def _plot_break_even(report, fig, ax):
+    from matplotlib.colors import LogNorm
+
+    spec = _spec_methods(report)
+    ks = [k for k in _get(report, "config", "ks") or [m.get("k") for m in spec] if isinstance(k, int)]
+    if not ks:
+        raise _Skip("no k values in the config or the methods")
+    k = ks[len(ks) // 2]  # the runner's middle k
+    v = _num(_get(report, "costs", "verify_cost", str(k)))
+    note, v = (None, v) if v else (f"no measured verify cost for k={k}: assumed 1.0", 1.0)
+    pts = [(m["name"], _num(_get(m, "overall", "alpha")), _num(_get(m, "overall", "cost_ratio_c")),
+            m.get("k")) for m in spec]
+    pts = [p for p in pts if p[1] is not None and p[2] is not None]
+    a, c = np.meshgrid(np.linspace(0, 1, 121), np.linspace(0, max([1.0] + [1.1 * p[2] for p in pts]), 121))
+    s = np.vectorize(predicted_speedup)(a, k, c, v)
+    span = max(abs(math.log(s.min())), abs(math.log(s.max())), 0.1)  # centre the diverging colours on 1.0x
+    cf = ax.contourf(a, c, s, levels=np.geomspace(s.min(), s.max(), 20), cmap="RdBu",
+                     norm=LogNorm(math.exp(-span), math.exp(span)))
+    fig.colorbar(cf, ax=ax, label="predicted speedup (x)", format="%.2g")
+    if s.min() < 1.0 < s.max():
+        ax.clabel(ax.contour(a, c, s, levels=[1.0], colors="k", linewidths=1.5), fmt={1.0: "break-even"}, fontsize=8)
+    for i, (name, alpha, cost, mk) in enumerate(pts):  # labels staggered: n-gram points all sit near c = 0
+        ax.plot(alpha, cost, "o" if mk == k else "^", mfc="white", mec="k", clip_on=False, zorder=3)
+        ax.annotate(name, (alpha, cost), xytext=(4, 4 + 10 * (i % 3)), textcoords="offset points", fontsize=7)
+    ax.set(title=f"Predicted speedup at k={k}, verify cost {v:.2f} (▲: a method at another k)",
+           xlabel="acceptance rate α (accepted / drafted)", ylabel="draft cost ratio c (draft / target forward)")
+    return note
+
+
+PLOTS = {"speedup_by_category": _plot_speedup_by_category, "acceptance_by_position": _plot_acceptance_by_position,
+         "speedup_vs_k": _plot_speedup_vs_k, "break_even": _plot_break_even}
+
+
+def write_plots(report: dict, out: Path) -> dict[str, tuple[bool, str | None]]:
+    """Draw each plot into out/<name>.png (Agg, no pyplot state); name -> (written, note or None)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    result = {}
+    for name, draw in PLOTS.items():
+        path, fig = Path(out) / f"{name}.png", Figure(figsize=(9, 5))
+        FigureCanvasAgg(fig)
+        try:
+            note = draw(report, fig, fig.add_subplot())
+            fig.text(0.01, -0.02, _machine(report), fontsize=7, color="0.4")
+            fig.savefig(path, dpi=110, bbox_inches="tight")
+            result[name] = (True, note)
+        except Exception as e:  # noqa: BLE001 -- one plot must never sink the report
+            path.unlink(missing_ok=True)  # no stale plot from an earlier run
+            result[name] = (False, f"skipped: {e}" if isinstance(e, _Skip) else f"skipped ({type(e).__name__}: {e})")
+            print(f"report: {name}.png {result[name][1]}", file=sys.stderr)
+    return result
+
+
+def write_report(report: dict, out: Path) -> None:
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "report.json").write_text(json.dumps(_clean(report), indent=1, allow_nan=False))
+    (out / "report.md").write_text(_markdown(report, write_plots(report, out)), encoding="utf-8")
+
+
+def print_summary(report: dict, file=None) -> None:
+    """An aligned table on stdout: rich when installed (plain text in a pipe or log), else padded columns."""
+    file = file or sys.stdout
+    header = ["method", "speedup [95% CI]", "tok/s", "acceptance", "tokens/call", "predicted"]
+    rows = [[m["name"], _speedup(_get(m, "overall", "speedup")), _fmt(_get(m, "overall", "tokens_per_s"), ".1f"),
+             _fmt(_get(m, "overall", "acceptance_rate"), ".3f"), _fmt(_get(m, "overall", "tokens_per_target_call")),
+             _fmt(_get(m, "overall", "predicted_speedup"), ".2f", "x")] for m in report.get("methods", [])]
+    try:
+        from rich import box
+        from rich.console import Console
+        from rich.table import Table
+    except ImportError:  # rich comes with transformers (via typer); plain padded columns otherwise
+        widths = [max(map(len, col)) for col in zip(header, *rows)]
+        print("\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in [header] + rows), file=file)
+        return
+    table = Table(box=box.SIMPLE_HEAD, show_edge=False, caption=_machine(report), caption_justify="left")
+    for i, h in enumerate(header):
+        table.add_column(h, justify="left" if i == 0 else "right", no_wrap=True)
+    for r in rows:
+        table.add_row(*r)
+    tty = getattr(file, "isatty", lambda: False)()
+    Console(file=file, width=None if tty else 200, highlight=False).print(table)
