@@ -43,8 +43,8 @@ def _float(text: str) -> float:
 class TextStream:
     """Prints decoded text as token ids arrive; holds back an incomplete UTF-8 character."""
 
-    def __init__(self, tokenizer, out=sys.stdout):
-        self.tokenizer, self.out = tokenizer, out
+    def __init__(self, tokenizer, out=None):
+        self.tokenizer, self._out = tokenizer, out
         self.ids: list[int] = []
         self.printed = 0
 
@@ -53,8 +53,9 @@ class TextStream:
         text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
         if text.endswith("\ufffd"):
             return
-        self.out.write(text[self.printed:])
-        self.out.flush()
+        out = self._out or sys.stdout  # looked up late: stdout may be redirected after import
+        out.write(text[self.printed:])
+        out.flush()
         self.printed = len(text)
 
 
@@ -68,6 +69,14 @@ def make_drafter(spec: str, target, dtype):
     if spec == "ngram":
         return NgramDrafter()
     return ModelDrafter(load_model(spec, dtype=dtype, device=target.device))
+
+
+def check_draft_exists(spec: str) -> None:
+    """Fail on a missing draft path before spending seconds loading the target."""
+    from .models.loading import hf_checkpoint
+
+    if spec not in ("ngram", "none"):
+        hf_checkpoint(spec)
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
@@ -85,8 +94,10 @@ def cmd_generate(args) -> int:
     # Cheap checks first, so a typo fails in milliseconds, not after loading a model.
     decoding.check_sampling(args.temperature, args.top_k, args.top_p)
     decoding.check_max_tokens(args.max_tokens)
+    decoding.check_seed(args.seed)
     if not args.prompt:
         raise ValueError("prompt is empty")
+    check_draft_exists(args.draft)
     target = load_model(args.model, dtype=args.dtype, device=args.device)
     if target.tokenizer is None:
         raise CLIError(f"{args.model} ships no tokenizer; use the Python API with token ids")
@@ -123,11 +134,12 @@ def cmd_demo(args) -> int:
     """Normal vs speculative decoding on the embedded default: outputs, match, speedup, acceptance."""
     from .models.loading import load_model
 
+    if args.draft == "none":
+        raise CLIError("the demo compares against a draft: --draft must not be 'none'")
+    check_draft_exists(args.draft)
     print(f"loading {args.model} ...", file=sys.stderr)
     target = load_model(args.model, dtype=args.dtype, device=args.device)
     drafter = make_drafter(args.draft, target, args.dtype)
-    if drafter is None:
-        raise CLIError("the demo compares against a draft: --draft must not be 'none'")
     tok = target.tokenizer
     run_normal = lambda: decoding.generate(target, tok, DEMO_PROMPT, args.max_tokens, chat=True)  # noqa: E731
     run_spec = lambda: decoding.speculative_generate(  # noqa: E731

@@ -181,12 +181,21 @@ def check_same_vocab(target: LanguageModel, drafter: Drafter, tokenizer) -> None
                          f"target's ({target.vocab_size})")
 
 
+def check_seed(seed) -> None:
+    if seed is None:
+        return
+    if not isinstance(seed, int) or isinstance(seed, bool):
+        raise TypeError(f"seed must be an integer, got {type(seed).__name__}")
+    if not 0 <= seed < 2**63:
+        raise ValueError(f"seed must be in [0, 2**63), got {seed}")
+
+
 def _generator(seed, device) -> torch.Generator:
     gen = torch.Generator(device=device)
     if seed is None:
         gen.seed()
     else:
-        gen.manual_seed(int(seed))
+        gen.manual_seed(seed)
     return gen
 
 
@@ -215,6 +224,7 @@ def generate(model, tokenizer, prompt, max_tokens: int, *, temperature=0.0, top_
     model = as_language_model(model, tokenizer)
     params = check_sampling(temperature, top_k, top_p)
     max_tokens = check_max_tokens(max_tokens)
+    check_seed(seed)
     prompt_ids = encode_prompt(prompt, tokenizer, model, chat)
     check_context(model, len(prompt_ids), max_tokens)
     stats = Stats()
@@ -252,6 +262,7 @@ def speculative_generate(model, draft, tokenizer, prompt, max_tokens: int, *, nu
     drafter = as_drafter(draft, tokenizer)
     params = check_sampling(temperature, top_k, top_p)
     max_tokens = check_max_tokens(max_tokens)
+    check_seed(seed)
     k = num_draft_tokens
     if not isinstance(k, int) or isinstance(k, bool) or k < 1:
         raise ValueError(f"num_draft_tokens must be an integer >= 1, got {k!r}")
@@ -291,9 +302,12 @@ def speculative_generate(model, draft, tokenizer, prompt, max_tokens: int, *, nu
             else:
                 n_acc, token = rejection_sample(drafted, q, logits_to_probs(logits, params), gen)
         stats.target_calls += 1
-        stats.record_step(len(drafted), n_acc)
         before = len(out)
         reason = _finish(out, drafted[:n_acc] + [token], model.eos_token_ids, max_tokens)
+        # An EOS among the accepted drafts ends the block: the drafts after it were neither
+        # accepted nor rejected, just discarded, so they are not counted at all.
+        kept = min(n_acc, len(out) - before)
+        stats.record_step(kept if kept < n_acc else len(drafted), kept)
         # Roll back rejected drafts (and anything after an EOS): the cache keeps the
         # accepted sequence minus its pending last token.
         model.rollback(len(prompt_ids) + len(out) - 1)

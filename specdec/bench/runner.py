@@ -166,6 +166,14 @@ def top2_margin(target, prompt_ids, prefix, theirs: int) -> dict:
 
 
 def run_benchmark(cfg: BenchConfig, progress: bool = True, log=print) -> dict:
+    threads = torch.get_num_threads()
+    try:
+        return _run(cfg, progress, log)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _run(cfg: BenchConfig, progress: bool, log) -> dict:
     from tqdm.auto import tqdm
 
     cfg.validate()

