@@ -231,7 +231,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--prompts", default=None, help="a JSONL prompt file (default: the bundled suite)")
     b.add_argument("--categories", default=None, help="comma-separated categories to run")
     b.add_argument("--per-category", type=_positive_int, default=None, help="at most this many prompts per category")
-    b.add_argument("--max-tokens", type=_positive_int, default=None, help="default 128 (64 with --quick)")
+    b.add_argument("--max-tokens", type=_positive_int, default=None, help="default 128 (48 with --quick)")
     b.add_argument("--trials", type=_positive_int, default=None, help="default 3 (2 with --quick)")
     b.add_argument("--num-draft-tokens", dest="ks", type=_int_list, default=None, help="e.g. 2,4,8 (the default)")
     b.add_argument("--temperature", type=_float, default=None, help="0 (the default) is greedy")

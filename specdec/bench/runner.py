@@ -51,7 +51,7 @@ class BenchConfig:
     @classmethod
     def quick_config(cls, **overrides) -> "BenchConfig":
         """A smoke run for CI and newcomers: one prompt per category, short outputs."""
-        base = dict(per_category=1, max_tokens=64, trials=2, ks=[4], quick=True)
+        base = dict(per_category=1, max_tokens=48, trials=2, ks=[4], quick=True)
         base.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**base)
 
