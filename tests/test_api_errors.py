@@ -13,13 +13,6 @@ VOCAB = 64
 CONTEXT = 256  # max_position_embeddings of the tiny models
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models: threads only add contention on a shared machine."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 @pytest.fixture(scope="module")

@@ -16,16 +16,9 @@ from specdec.bench.stats import (break_even_alpha, expected_tokens_per_step, pre
 from specdec.bench.suite import DEFAULT_SUITE, GROUNDED, load_suite
 
 MODEL = "smollm2-135m-instruct"
-THREADS = 2
+TORCH_THREADS = 2  # read by conftest.py
 
 
-@pytest.fixture(scope="module", autouse=True)
-def few_threads():
-    """run_benchmark(threads=...) sets torch's global thread count; put it back afterwards."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(THREADS)
-    yield
-    torch.set_num_threads(n)
 
 
 def have_model() -> bool:
@@ -184,7 +177,7 @@ def prompt_file(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def report(prompt_file):
-    cfg = BenchConfig(model=MODEL, dtype="float32", threads=THREADS, prompts=str(prompt_file), max_tokens=12,
+    cfg = BenchConfig(model=MODEL, dtype="float32", threads=TORCH_THREADS, prompts=str(prompt_file), max_tokens=12,
                       trials=2, ks=[2, 4], peers=True)
     return run_benchmark(cfg, progress=False, log=lambda msg: None)
 
@@ -192,7 +185,7 @@ def report(prompt_file):
 @pytest.fixture(scope="module")
 def report_with_draft(prompt_file):
     """The target as its own draft model: exercises the model drafter and assisted-generation peers."""
-    cfg = BenchConfig(model=MODEL, draft=MODEL, dtype="float32", threads=THREADS, prompts=str(prompt_file),
+    cfg = BenchConfig(model=MODEL, draft=MODEL, dtype="float32", threads=TORCH_THREADS, prompts=str(prompt_file),
                       categories=["rag"], max_tokens=8, trials=1, ks=[2], peers=True)
     return run_benchmark(cfg, progress=False, log=lambda msg: None)
 
@@ -250,8 +243,8 @@ def check_common(rep, expected_names, n_prompts, trials):
     import transformers
 
     assert env["torch"] == torch.__version__ and env["transformers"] == transformers.__version__
-    assert env["threads"] == THREADS and env["dtype"] == "float32"
-    assert rep["config"]["threads"] == THREADS
+    assert env["threads"] == TORCH_THREADS and env["dtype"] == "float32"
+    assert rep["config"]["threads"] == TORCH_THREADS
     assert {p["id"] for p in rep["prompts"]} == {r["id"] for r in PROMPT_ROWS[:n_prompts]}
     return ms
 

@@ -3,36 +3,18 @@ from __future__ import annotations
 
 import pytest
 import torch
-import transformers
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from specdec import HFAdapter, ModelDrafter, NativeLM, generate, load_model, speculative_generate
-from tiny import save_tiny, tiny_hf_model
+from tiny import tiny_gpt2, save_tiny, tiny_hf_model
 
 ATOL = 1e-5
 PROMPT = [50, 36, 23, 6, 24, 24, 12, 58, 1]  # its greedy output is varied, with a new token at index 6
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models: threads only add contention on a shared machine."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
-def tiny_gpt2(seed=0) -> transformers.GPT2LMHeadModel:
-    cfg = transformers.GPT2Config(vocab_size=64, n_embd=32, n_layer=2, n_head=4, n_positions=128,
-                                  bos_token_id=None, eos_token_id=None, pad_token_id=None)
-    torch.manual_seed(seed)
-    model = transformers.GPT2LMHeadModel(cfg)
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() == 2:
-                p.mul_(4.0)
-    return model.eval()
 
 
 # ----------------------------------------------------------------------------- helpers

@@ -33,12 +33,6 @@ SUMMARY = re.compile(r"^\[(\d+) tokens, [\d.]+ tok/s, finish=(eos|length)"
                      r"(, acceptance (nan|[\d.]+), [\d.]+ tokens/target call)?\]$")
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 @pytest.fixture(autouse=True)

