@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Reproduces the runs behind docs/benchmark.md (about 45 minutes on 2 cores).
+# Reproduces the runs behind docs/benchmark.md (about 75 minutes on 2 cores).
 # Usage: bash scripts/bench_docs.sh [OUT_DIR]   (default bench-runs/)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -10,7 +10,8 @@ mkdir -p "$out"
 # 1. Greedy: every category, n-gram and the 2-layer draft at k = 1, 2, 4, 8, transformers peers.
 specdec bench --per-category 2 --num-draft-tokens 1,2,4,8 --draft drafts-local/first2 --out "$out/greedy"
 # 2. Sampling at temperature 0.7: acceptance falls.
-specdec bench --per-category 2 --num-draft-tokens 4 --draft drafts-local/first2 --temperature 0.7 --no-peers \
+specdec bench --per-category 1 --num-draft-tokens 4 --draft drafts-local/first2 --temperature 0.7 --no-peers \
   --out "$out/t07"
 # 3. An expensive draft: the target drafting for itself (acceptance ~1, cost ratio c ~1).
-specdec bench --per-category 1 --num-draft-tokens 2,4 --draft smollm2-135m-instruct --no-peers --out "$out/selfdraft"
+specdec bench --categories summarization,qa,code_generation,multi_turn --per-category 1 --num-draft-tokens 2,4 \
+  --draft smollm2-135m-instruct --no-peers --out "$out/selfdraft"

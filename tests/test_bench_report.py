@@ -93,7 +93,7 @@ def test_write_report_writes_json_markdown_and_plots(tmp_path):
     hf_row = next(line for line in md.splitlines() if line.startswith("| hf-greedy | 4 |"))
     assert hf_row.count("–") >= 8  # transformers methods have no prefill / acceptance / cost stats
     assert "| spec-ngram-k4 | 0.700 | 0.700 | 0.490 | 0.343 | – |" in md  # per position, NaN as –
-    assert "prompt `qa-2`, position 5: top-2 margin 0.0005" in md and "**tie?**" in md
+    assert "prompt `qa-2`, position 5: top-2 margin 0.0005" in md and "**tie**" in md
     assert "prompt `sum-1`, position 12: top-2 margin 0.125" in md  # above the float32 tolerance
     assert md.count("**MISMATCH**") == 2  # that one, and the length-only divergence
     assert "paired ratio" in md and "includes the prefill call" in md and "accepted drafts / drafted tokens" in md
@@ -106,7 +106,7 @@ def test_write_report_writes_json_markdown_and_plots(tmp_path):
 def test_half_precision_tolerance_and_single_k(tmp_path):
     R.write_report(make_report(dtype="bfloat16", ks=(4,)), tmp_path)
     md = (tmp_path / "report.md").read_text()
-    assert "top-2 margin 0.125, margin to its token 0.125 → **tie?**" in md  # below 0.25 in bf16
+    assert "top-2 margin 0.125, margin to its token 0.125 → **tie**" in md  # below 0.25 in bf16
     assert md.count("**MISMATCH**") == 1
     assert_png(tmp_path / "speedup_vs_k.png")  # one k: still points, with a note
     assert "only one k value" in md

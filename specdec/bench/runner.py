@@ -157,12 +157,22 @@ def load_hf(name, dtype, device):
 
 def top2_margin(target, prompt_ids, prefix, theirs: int) -> dict:
     """At a divergence: the target's logit gap between its top two tokens there, and
-    between its choice and the other method's token. A gap near zero is a numerical tie."""
+    between its choice and the other method's token.
+
+    It is a tie when a gap is within a few rounding steps of the model's dtype at the
+    logit's magnitude: one pass over a block of tokens and one token at a time round
+    differently, and in bf16 one step at a logit of 20 is already 0.125.
+    """
     target.reset(len(prompt_ids) + len(prefix) + 1)
     logits = target.forward(prompt_ids + prefix, last_only=True)[-1]
     top = torch.topk(logits, 2)
-    return {"top2_margin": float(top.values[0] - top.values[1]),
-            "margin_to_theirs": float(logits.max() - logits[theirs])}
+    top2, to_theirs = float(top.values[0] - top.values[1]), float(logits.max() - logits[theirs])
+    if target.dtype in (torch.bfloat16, torch.float16):
+        tolerance = 4 * torch.finfo(target.dtype).eps * 2.0 ** math.floor(math.log2(max(abs(float(top.values[0])), 1e-6)))
+    else:
+        tolerance = 1e-3
+    return {"top2_margin": top2, "margin_to_theirs": to_theirs, "tie_tolerance": tolerance,
+            "tie": min(top2, to_theirs) <= tolerance}
 
 
 def run_benchmark(cfg: BenchConfig, progress: bool = True, log=print) -> dict:
