@@ -119,15 +119,21 @@ def cmd_generate(args) -> int:
     return 0
 
 
-DEMO_PROMPT = (
-    "Summarize this passage in two sentences.\n\n"
-    "The city of Lindenfeld opened its first public library in 1892, in two rooms above the "
-    "old grain exchange. For decades the library lent books only to residents who owned property, "
-    "until a petition signed by more than four thousand workers changed the rule in 1921. The "
-    "library moved to its present building on Canal Street in 1958. Today it holds about 310,000 "
-    "books, runs a free reading programme for children every Saturday morning, and lends tools, "
-    "musical instruments and telescopes as well as books."
-)
+# A code edit: the answer copies most of the input, the case prompt lookup is made for.
+DEMO_PROMPT = """Add type hints to this Python function and return the full edited code.
+
+```python
+def average_rating(reviews, minimum_votes):
+    total = 0
+    count = 0
+    for review in reviews:
+        if review["votes"] >= minimum_votes:
+            total += review["stars"]
+            count += 1
+    if count == 0:
+        return None
+    return total / count
+```"""
 
 
 def cmd_demo(args) -> int:
@@ -220,7 +226,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_model_args(d)
     d.add_argument("--draft", default="ngram")
     d.add_argument("--num-draft-tokens", type=_positive_int, default=4)
-    d.add_argument("--max-tokens", type=_positive_int, default=96)
+    d.add_argument("--max-tokens", type=_positive_int, default=128)
     d.add_argument("--trials", type=_positive_int, default=3)
     d.set_defaults(func=cmd_demo)
 

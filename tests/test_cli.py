@@ -323,3 +323,12 @@ def test_subprocess_user_mistake_exit_2():
     proc = subprocess.run(cmd + ["generate", "hi", "--top-p", "1.5"], capture_output=True, text=True,
                           timeout=120, env=_env())
     assert_one_line_error(proc.returncode, proc.stdout, proc.stderr, "top_p")
+
+
+@needs_model
+def test_demo_prints_both_outputs_match_speedup_and_acceptance(capsys):
+    rc, out, err = run(capsys, "demo", "--max-tokens", 12, "--trials", 1, "--dtype", "float32")
+    assert rc == 0, err
+    assert "=== normal decoding ===" in out and "=== speculative decoding" in out
+    assert "outputs match token for token: True" in out  # float32 greedy: identical
+    assert re.search(r"speedup \d+\.\d\dx", out) and re.search(r"acceptance rate \d\.\d\d", out)
