@@ -1,6 +1,6 @@
 """specdec: speculative decoding you can read, with a benchmark you can trust."""
 from .decoding import Generation, Stats, generate, speculative_generate
-from .drafters import Drafter, ModelDrafter, NgramDrafter
+from .drafters import CompositeDrafter, Drafter, ModelDrafter, NgramDrafter
 from .models.base import HFAdapter, LanguageModel, NativeLM
 from .models.loading import DEFAULT_MODEL, hf_checkpoint, load_model, load_tokenizer
 from .sampling import SamplingParams, logits_to_probs
@@ -10,6 +10,6 @@ __version__ = "0.1.0"
 __all__ = [
     "generate", "speculative_generate", "Generation", "Stats",
     "load_model", "load_tokenizer", "hf_checkpoint", "DEFAULT_MODEL",
-    "Drafter", "ModelDrafter", "NgramDrafter",
+    "Drafter", "ModelDrafter", "NgramDrafter", "CompositeDrafter",
     "LanguageModel", "NativeLM", "HFAdapter", "SamplingParams", "logits_to_probs",
 ]

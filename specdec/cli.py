@@ -60,14 +60,16 @@ class TextStream:
 
 
 def make_drafter(spec: str, target, dtype):
-    """--draft: 'ngram', 'none', or a model name/path."""
-    from .drafters import ModelDrafter, NgramDrafter
+    """--draft: 'ngram', 'none', a model name/path, or 'composite:MODEL' (lookup, else the model)."""
+    from .drafters import CompositeDrafter, ModelDrafter, NgramDrafter
     from .models.loading import load_model
 
     if spec == "none":
         return None
     if spec == "ngram":
         return NgramDrafter()
+    if spec.startswith("composite:"):
+        return CompositeDrafter(load_model(spec.removeprefix("composite:"), dtype=dtype, device=target.device))
     return ModelDrafter(load_model(spec, dtype=dtype, device=target.device))
 
 
@@ -76,7 +78,7 @@ def check_draft_exists(spec: str) -> None:
     from .models.loading import hf_checkpoint
 
     if spec not in ("ngram", "none"):
-        hf_checkpoint(spec)
+        hf_checkpoint(spec.removeprefix("composite:"))
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
@@ -212,7 +214,8 @@ def build_parser() -> argparse.ArgumentParser:
     g = sub.add_parser("generate", help="generate text, streaming it, then print a summary line")
     g.add_argument("prompt")
     add_model_args(g)
-    g.add_argument("--draft", default="ngram", help="'ngram' (prompt lookup), 'none' (plain decoding) or a model")
+    g.add_argument("--draft", default="ngram", help="'ngram' (prompt lookup), 'none' (plain decoding), a model, "
+                   "or 'composite:MODEL' (prompt lookup when the context has a match, else the model)")
     g.add_argument("--num-draft-tokens", type=_positive_int, default=4)
     g.add_argument("--max-tokens", type=_int, default=128)
     g.add_argument("--temperature", type=_float, default=0.0)

@@ -269,8 +269,10 @@ def speculative_generate(model, draft, tokenizer, prompt, max_tokens: int, *, nu
     check_same_vocab(model, drafter, tokenizer)
     prompt_ids = encode_prompt(prompt, tokenizer, model, chat)
     check_context(model, len(prompt_ids), max_tokens)
-    if isinstance(drafter, ModelDrafter):
-        check_context(drafter.model, len(prompt_ids), max_tokens)
+    draft_model = getattr(drafter, "model", None)  # ModelDrafter, CompositeDrafter
+    if draft_model is not None:
+        check_context(draft_model.model if isinstance(draft_model, ModelDrafter) else draft_model,
+                      len(prompt_ids), max_tokens)
     stats = Stats()
     out: list[int] = []
     if max_tokens == 0:

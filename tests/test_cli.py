@@ -33,8 +33,6 @@ SUMMARY = re.compile(r"^\[(\d+) tokens, [\d.]+ tok/s, finish=(eos|length)"
                      r"(, acceptance (nan|[\d.]+), [\d.]+ tokens/target call)?\]$")
 
 
-
-
 @pytest.fixture(autouse=True)
 def no_debug(monkeypatch):
     monkeypatch.delenv("SPECDEC_DEBUG", raising=False)

@@ -49,8 +49,6 @@ SETTINGS = {
 # ----------------------------------------------------------------------------- fixtures
 
 
-
-
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     root = tmp_path_factory.mktemp("dist")

@@ -6,12 +6,10 @@ import math
 import pytest
 import torch
 
-from specdec import HFAdapter, ModelDrafter, NgramDrafter, generate, load_model, speculative_generate
-from tiny import tiny_gpt2, CONFIGS, save_tiny, tiny_hf_model
+from specdec import CompositeDrafter, HFAdapter, ModelDrafter, NgramDrafter, generate, load_model, speculative_generate
+from tiny import CONFIGS, save_tiny, tiny_gpt2, tiny_hf_model
 
 MAX_TOKENS = 24
-
-
 
 
 PROMPTS = {
@@ -19,10 +17,8 @@ PROMPTS = {
     "random": [3, 41, 17, 59, 8, 22, 36, 1, 50],
     "repeated": [5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6, 7, 8, 5, 6, 7],
 }
-DRAFTS = ["target", "poor", "noisy", "ngram", "raw-hf"]
+DRAFTS = ["target", "poor", "noisy", "ngram", "raw-hf", "composite"]
 KS = [1, 2, 4, 8]
-
-
 
 
 def hf_greedy(hf_model, prompt, n) -> list[int]:
@@ -39,9 +35,9 @@ def check_stats(res, *, drafter_has_model: bool):
     assert 0 <= s.accepted <= s.drafted
     # every target call but the prefill adds accepted drafts + one token
     assert s.generated == 1 + s.accepted + (s.target_calls - 1)
-    if drafter_has_model:
+    if drafter_has_model is True:
         assert s.draft_calls >= 1 if s.drafted else s.draft_calls == 0
-    else:
+    elif drafter_has_model is False:
         assert s.draft_calls == 0
     per = s.accepted_per_position
     assert all(0.0 <= x <= 1.0 for x in per)
@@ -86,6 +82,8 @@ def make_draft(kind, models):
         return models[kind]
     if kind == "ngram":
         return NgramDrafter()
+    if kind == "composite":  # lookup where the context repeats, the noisy model elsewhere
+        return CompositeDrafter(models["noisy"])
     return models["raw_hf_draft"]
 
 
@@ -117,7 +115,7 @@ def test_speculative_equals_greedy(prompt_name, draft_kind, k, models, reference
     assert res.finish_reason == "length"
     assert res.prompt_ids == PROMPTS[prompt_name]
     assert res.text is None
-    check_stats(res, drafter_has_model=draft_kind != "ngram")
+    check_stats(res, drafter_has_model={"ngram": False, "composite": None}.get(draft_kind, True))
     assert len(res.stats.proposed_at) <= k
     if draft_kind == "target":
         assert res.stats.acceptance_rate == 1.0

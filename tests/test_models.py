@@ -6,12 +6,10 @@ import torch
 
 import specdec
 from specdec import HFAdapter, NativeLM, load_model
-from tiny import tiny_gpt2, CONFIGS, save_tiny, tiny_hf_model
+from tiny import CONFIGS, save_tiny, tiny_gpt2, tiny_hf_model
 
 KINDS = sorted(CONFIGS)
 ATOL = 1e-3
-
-
 
 
 SEQ = torch.randint(0, 64, (37,), generator=torch.Generator().manual_seed(1234)).tolist()

@@ -42,8 +42,6 @@ PROMPTS = {
 }
 
 
-
-
 @pytest.fixture(scope="module")
 def f32():
     return load_model(MODEL, dtype="float32")

@@ -127,7 +127,7 @@ def measure_costs(target, drafts: dict, ks) -> dict:
 
 
 def build_methods(cfg: BenchConfig, target, draft_model, hf, hf_draft) -> list[M.Method]:
-    from ..drafters import ModelDrafter, NgramDrafter
+    from ..drafters import CompositeDrafter, ModelDrafter, NgramDrafter
 
     # A fixed seed: each prompt's sampled output is the same in every trial, so trials time the same work.
     sp = dict(temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p, seed=0)
@@ -137,6 +137,8 @@ def build_methods(cfg: BenchConfig, target, draft_model, hf, hf_draft) -> list[M
     if draft_model is not None:
         for k in cfg.ks:
             methods.append(M.Speculative(target, ModelDrafter(draft_model), "draft", k, sp))
+        for k in cfg.ks:
+            methods.append(M.Speculative(target, CompositeDrafter(draft_model), "composite", k, sp))
     if hf is not None:
         eos = target.eos_token_ids
         methods.append(M.hf_generate(hf, eos, sp))
