@@ -165,9 +165,20 @@ def draw(fn, n: int = N) -> Tally:
     return tally
 
 
+def make_drafter(models, drafter: str):
+    if drafter == "model":
+        return models["draft"]
+    if drafter == "composite":
+        # Only 3-gram matches count, so some steps are looked up (q one-hot) and others are
+        # drafted by the model (q sampled): both kinds of q within one generation. Measured
+        # over seeds 0..199: 74 looked-up proposals, 196 model proposals.
+        return specdec.CompositeDrafter(models["draft"], specdec.NgramDrafter(max_ngram=3, min_ngram=3))
+    return specdec.NgramDrafter()
+
+
 def speculative(models, drafter: str, setting: str):
     def one(seed):
-        draft = models["draft"] if drafter == "model" else specdec.NgramDrafter()
+        draft = make_drafter(models, drafter)
         return specdec.speculative_generate(models["target"], draft, None, PROMPT, L, num_draft_tokens=K,
                                             seed=seed, **SETTINGS[setting])
     return one
@@ -175,7 +186,8 @@ def speculative(models, drafter: str, setting: str):
 
 # ----------------------------------------------------------------------------- tests
 
-CASES = [("model", "t1.0"), ("model", "t0.7-topk3"), ("model", "t1.3-topp0.8"), ("ngram", "t1.0")]
+CASES = [("model", "t1.0"), ("model", "t0.7-topk3"), ("model", "t1.3-topp0.8"), ("ngram", "t1.0"),
+         ("composite", "t1.0")]
 
 
 def test_reference_is_a_proper_sharp_enough_distribution(exact):
