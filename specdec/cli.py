@@ -152,19 +152,23 @@ def cmd_demo(args) -> int:
     run_normal = lambda: decoding.generate(target, tok, DEMO_PROMPT, args.max_tokens, chat=True)  # noqa: E731
     run_spec = lambda: decoding.speculative_generate(  # noqa: E731
         target, drafter, tok, DEMO_PROMPT, args.max_tokens, num_draft_tokens=args.num_draft_tokens, chat=True)
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=2 * (args.trials + 1), desc="demo", unit="run", file=sys.stderr)
     run_normal(), run_spec()  # warmup: first calls pay for allocation and kernel selection
+    bar.update(2)
     times = {"normal": [], "speculative": []}
+    results = {}
     for trial in range(args.trials):
         # Alternate the order so drift on a shared machine hits both methods alike.
         order = [("normal", run_normal), ("speculative", run_spec)]
         for name, fn in order if trial % 2 == 0 else order[::-1]:
             t0 = time.perf_counter()
-            result = fn()
+            results[name] = fn()
             times[name].append(time.perf_counter() - t0)
-            if name == "normal":
-                normal = result
-            else:
-                spec = result
+            bar.update()
+    bar.close()
+    normal, spec = results["normal"], results["speculative"]
     t_n, t_s = statistics.median(times["normal"]), statistics.median(times["speculative"])
     print("=== normal decoding ===\n" + normal.text)
     print(f"=== speculative decoding ({drafter!r}, k={args.num_draft_tokens}) ===\n" + spec.text)
