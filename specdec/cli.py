@@ -33,6 +33,10 @@ def _int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
 
 
+def _k(text: str):
+    return "auto" if text == "auto" else _positive_int(text)
+
+
 def _float(text: str) -> float:
     try:
         return float(text)
@@ -197,7 +201,7 @@ def cmd_bench(args) -> int:
     options = dict(model=args.model, draft=args.draft, dtype=args.dtype, device=args.device, threads=args.threads,
                    prompts=args.prompts, categories=args.categories.split(",") if args.categories else None,
                    per_category=args.per_category, max_tokens=args.max_tokens, trials=args.trials, ks=args.ks,
-                   peers=not args.no_peers, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
+                   peers=not args.no_peers, auto=None if args.quick else not args.no_auto, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
     cfg = BenchConfig.quick_config(**options) if args.quick else BenchConfig(
         **{k: v for k, v in options.items() if v is not None})
     cfg.validate()
@@ -220,7 +224,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_model_args(g)
     g.add_argument("--draft", default="ngram", help="'ngram' (prompt lookup), 'none' (plain decoding), a model, "
                    "or 'composite:MODEL' (prompt lookup when the context has a match, else the model)")
-    g.add_argument("--num-draft-tokens", type=_positive_int, default=4)
+    g.add_argument("--num-draft-tokens", type=_k, default=4, help="k, or 'auto' (chosen each step from measured "
+                   "acceptance and costs)")
     g.add_argument("--max-tokens", type=_int, default=128)
     g.add_argument("--temperature", type=_float, default=0.0)
     g.add_argument("--top-k", type=_positive_int, default=None)
@@ -232,7 +237,7 @@ def build_parser() -> argparse.ArgumentParser:
     d = sub.add_parser("demo", help="normal vs speculative decoding on the embedded default model")
     add_model_args(d)
     d.add_argument("--draft", default="ngram")
-    d.add_argument("--num-draft-tokens", type=_positive_int, default=4)
+    d.add_argument("--num-draft-tokens", type=_k, default=4)
     d.add_argument("--max-tokens", type=_positive_int, default=128)
     d.add_argument("--trials", type=_positive_int, default=3)
     d.set_defaults(func=cmd_demo)
@@ -251,6 +256,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--top-k", type=_positive_int, default=None)
     b.add_argument("--top-p", type=_float, default=None)
     b.add_argument("--no-peers", action="store_true", help="skip transformers' generate / assisted / prompt lookup")
+    b.add_argument("--no-auto", action="store_true", help="skip num_draft_tokens='auto' (always skipped by --quick)")
     b.add_argument("--quick", action="store_true", help="a smoke run: one prompt per category, short outputs")
     b.add_argument("--out", default="bench-out", help="directory for report.json, report.md and plots")
     b.set_defaults(func=cmd_bench)

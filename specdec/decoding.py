@@ -16,6 +16,7 @@ import torch
 
 from .drafters import Drafter, ModelDrafter, as_drafter
 from .models.base import LanguageModel, as_language_model
+from .schedule import AdaptiveK
 from .sampling import SamplingParams, greedy_accept, logits_to_probs, rejection_sample, select
 
 
@@ -263,12 +264,18 @@ def speculative_generate(model, draft, tokenizer, prompt, max_tokens: int, *, nu
                          stream: Callable[[list[int]], None] | None = None) -> Generation:
     """Speculative decoding: the drafter proposes k tokens, the target scores
     [pending, d1..dk] in one pass, and the acceptance rule keeps a prefix plus one
-    target token. Greedy output equals `generate`'s; sampled output has its distribution."""
+    target token. Greedy output equals `generate`'s; sampled output has its distribution.
+
+    num_draft_tokens: k, or "auto" to choose k (0 included) each step from the measured
+    acceptance and costs (see `specdec.schedule.AdaptiveK`)."""
     model = as_language_model(model, tokenizer)
     drafter = as_drafter(draft, tokenizer)
     k = num_draft_tokens
-    if not isinstance(k, int) or isinstance(k, bool) or k < 1:
-        raise ValueError(f"num_draft_tokens must be an integer >= 1, got {k!r}")
+    schedule = None
+    if k == "auto":
+        schedule = AdaptiveK()
+    elif not isinstance(k, int) or isinstance(k, bool) or k < 1:
+        raise ValueError(f"num_draft_tokens must be an integer >= 1 or 'auto', got {k!r}")
     check_same_vocab(model, drafter, tokenizer)
     params, prompt_ids = _check_request(model, tokenizer, prompt, max_tokens, temperature, top_k, top_p, seed, chat)
     draft_model = getattr(drafter, "model", None)  # ModelDrafter, CompositeDrafter
@@ -294,7 +301,8 @@ def speculative_generate(model, draft, tokenizer, prompt, max_tokens: int, *, nu
     while not reason:
         ids = prompt_ids + out
         # Drafts past max_tokens - 1 could never be kept: the step always adds one target token.
-        k_step = min(k, max_tokens - len(out) - 1)
+        k_step = min(schedule.choose() if schedule else k, max_tokens - len(out) - 1)
+        spent = dict(stats.timings)
         drafted, q = [], None
         if k_step > 0:
             with timer("draft"):
@@ -312,6 +320,9 @@ def speculative_generate(model, draft, tokenizer, prompt, max_tokens: int, *, nu
         # accepted nor rejected, just discarded, so they are not counted at all.
         kept = min(n_acc, len(out) - before)
         stats.record_step(kept if kept < n_acc else len(drafted), kept)
+        if schedule:
+            schedule.update(len(drafted), n_acc, stats.timings["draft"] - spent["draft"],
+                            stats.timings["verify"] - spent["verify"])
         # Roll back rejected drafts (and anything after an EOS): the cache keeps the
         # accepted sequence minus its pending last token.
         model.rollback(len(prompt_ids) + len(out) - 1)

@@ -320,3 +320,16 @@ def test_demo_prints_both_outputs_match_speedup_and_acceptance(capsys):
     assert "=== normal decoding ===" in out and "=== speculative decoding" in out
     assert "outputs match token for token: True" in out  # float32 greedy: identical
     assert re.search(r"speedup \d+\.\d\dx", out) and re.search(r"acceptance rate \d\.\d\d", out)
+
+
+@needs_model
+def test_generate_with_auto_draft_length(capsys):
+    rc, out, err = run(capsys, "generate", "What is 2+2?", "--max-tokens", 6, "--num-draft-tokens", "auto",
+                       "--dtype", "float32")
+    assert rc == 0, err
+    assert SUMMARY.match(err.strip().splitlines()[-1])
+
+
+def test_num_draft_tokens_must_be_a_number_or_auto(capsys):
+    rc, out, err = run(capsys, "generate", "hi", "--num-draft-tokens", "many")
+    assert rc == 2 and "--num-draft-tokens" in err and "Traceback" not in err

@@ -177,9 +177,12 @@ def make_drafter(models, drafter: str):
 
 
 def speculative(models, drafter: str, setting: str):
+    drafter, auto, _ = drafter.partition("-auto")
+    k = "auto" if auto else K
+
     def one(seed):
         draft = make_drafter(models, drafter)
-        return specdec.speculative_generate(models["target"], draft, None, PROMPT, L, num_draft_tokens=K,
+        return specdec.speculative_generate(models["target"], draft, None, PROMPT, L, num_draft_tokens=k,
                                             seed=seed, **SETTINGS[setting])
     return one
 
@@ -187,7 +190,7 @@ def speculative(models, drafter: str, setting: str):
 # ----------------------------------------------------------------------------- tests
 
 CASES = [("model", "t1.0"), ("model", "t0.7-topk3"), ("model", "t1.3-topp0.8"), ("ngram", "t1.0"),
-         ("composite", "t1.0")]
+         ("composite", "t1.0"), ("model-auto", "t1.0")]
 
 
 def test_reference_is_a_proper_sharp_enough_distribution(exact):

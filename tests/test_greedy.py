@@ -18,7 +18,7 @@ PROMPTS = {
     "repeated": [5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6, 7, 8, 5, 6, 7],
 }
 DRAFTS = ["target", "poor", "noisy", "ngram", "raw-hf", "composite"]
-KS = [1, 2, 4, 8]
+KS = [1, 2, 4, 8, "auto"]
 
 
 def hf_greedy(hf_model, prompt, n) -> list[int]:
@@ -116,7 +116,9 @@ def test_speculative_equals_greedy(prompt_name, draft_kind, k, models, reference
     assert res.prompt_ids == PROMPTS[prompt_name]
     assert res.text is None
     check_stats(res, drafter_has_model={"ngram": False, "composite": None}.get(draft_kind, True))
-    assert len(res.stats.proposed_at) <= k
+    assert len(res.stats.proposed_at) <= (8 if k == "auto" else k)
+    if k == "auto":
+        return  # the schedule picks k per step (0 included): only the output is pinned down
     if draft_kind == "target":
         assert res.stats.acceptance_rate == 1.0
         assert res.stats.tokens_per_target_call > 1.0

@@ -46,12 +46,13 @@ class BenchConfig:
     top_k: int | None = None
     top_p: float | None = None
     peers: bool = True  # transformers' generate / assisted / prompt lookup
+    auto: bool = True  # also num_draft_tokens="auto" for each drafter
     quick: bool = False
 
     @classmethod
     def quick_config(cls, **overrides) -> "BenchConfig":
         """A smoke run for CI and newcomers: one prompt per category, short outputs."""
-        base = dict(per_category=1, max_tokens=48, trials=2, ks=[4], quick=True)
+        base = dict(per_category=1, max_tokens=48, trials=2, ks=[4], auto=False, quick=True)
         base.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**base)
 
@@ -131,13 +132,14 @@ def build_methods(cfg: BenchConfig, target, draft_model, hf, hf_draft) -> list[M
 
     # A fixed seed: each prompt's sampled output is the same in every trial, so trials time the same work.
     sp = dict(temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p, seed=0)
+    ks = cfg.ks + (["auto"] if cfg.auto else [])
     methods: list[M.Method] = [M.Normal(target, sp)]
-    for k in cfg.ks:
+    for k in ks:
         methods.append(M.Speculative(target, NgramDrafter(), "ngram", k, sp))
     if draft_model is not None:
-        for k in cfg.ks:
+        for k in ks:
             methods.append(M.Speculative(target, ModelDrafter(draft_model), "draft", k, sp))
-        for k in cfg.ks:
+        for k in ks:
             methods.append(M.Speculative(target, CompositeDrafter(draft_model), "composite", k, sp))
     if hf is not None:
         eos = target.eos_token_ids
@@ -299,7 +301,7 @@ def aggregate(cfg, prompts, methods, records, costs, cold, target) -> dict:
             overall["prefill_ms_mean"] = 1000 * prefill_s / len(prefills)
             overall["decode_ms_per_token"] = 1000 * (seconds - prefill_s) / max(tokens - len(prefills), 1)
         overall.update(_spec_metrics(list(per.values())))
-        if m.family == "specdec" and not math.isnan(overall.get("alpha", math.nan)):
+        if m.family == "specdec" and m.k != "auto" and not math.isnan(overall.get("alpha", math.nan)):
             k = m.k
             if m.drafter in costs["drafts"]:
                 c = costs["drafts"][m.drafter]["c"]

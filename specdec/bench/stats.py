@@ -7,6 +7,8 @@ import math
 
 import numpy as np
 
+from ..schedule import expected_tokens_per_step  # noqa: F401  (re-exported: part of the model)
+
 
 def geomean(x) -> float:
     x = np.asarray(x, dtype=float)
@@ -33,13 +35,6 @@ def summarize_ratios(ratios, *, n_boot: int = 10_000, seed: int = 0) -> dict:
     q1, med, q3 = np.percentile(r, [25, 50, 75])
     return {"n": int(r.size), "geomean": float(np.exp(logs.mean())), "ci95": [float(lo), float(hi)],
             "median": float(med), "iqr": [float(q1), float(q3)]}
-
-
-def expected_tokens_per_step(alpha: float, k: int) -> float:
-    """E[tokens per target pass] with i.i.d. acceptance alpha and k drafts: (1 - a^(k+1)) / (1 - a)."""
-    if alpha >= 1.0:
-        return k + 1.0
-    return (1 - alpha ** (k + 1)) / (1 - alpha)
 
 
 def predicted_speedup(alpha: float, k: int, c: float, verify_cost: float = 1.0) -> float:
