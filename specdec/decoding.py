@@ -14,7 +14,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from .drafters import Drafter, ModelDrafter, as_drafter
+from .drafters import Drafter, as_drafter
 from .models.base import LanguageModel, as_language_model
 from .schedule import AdaptiveK
 from .sampling import SamplingParams, greedy_accept, logits_to_probs, rejection_sample, select
@@ -162,12 +162,11 @@ def encode_prompt(prompt, tokenizer, model: LanguageModel, chat: bool) -> list[i
     return ids
 
 
-def check_context(model, n_prompt: int, max_tokens: int) -> None:
+def check_context(limit: int | None, who: str, n_prompt: int, max_tokens: int) -> None:
     # Drafts are capped so that no pass of either model runs past prompt + max_tokens positions.
-    limit = getattr(model, "max_context", None)
     if limit is not None and n_prompt + max_tokens > limit:
         raise ValueError(f"prompt ({n_prompt} tokens) + max_tokens ({max_tokens}) exceeds "
-                         f"{model.name}'s context of {limit} tokens")
+                         f"{who}'s context of {limit} tokens")
 
 
 def check_same_vocab(target: LanguageModel, drafter: Drafter, tokenizer) -> None:
@@ -221,7 +220,7 @@ def _check_request(model, tokenizer, prompt, max_tokens, temperature, top_k, top
     check_max_tokens(max_tokens)
     check_seed(seed)
     prompt_ids = encode_prompt(prompt, tokenizer, model, chat)
-    check_context(model, len(prompt_ids), max_tokens)
+    check_context(model.max_context, model.name, len(prompt_ids), max_tokens)
     return params, prompt_ids
 
 
@@ -278,10 +277,7 @@ def speculative_generate(model, draft, tokenizer, prompt, max_tokens: int, *, nu
         raise ValueError(f"num_draft_tokens must be an integer >= 1 or 'auto', got {k!r}")
     check_same_vocab(model, drafter, tokenizer)
     params, prompt_ids = _check_request(model, tokenizer, prompt, max_tokens, temperature, top_k, top_p, seed, chat)
-    draft_model = getattr(drafter, "model", None)  # ModelDrafter, CompositeDrafter
-    if draft_model is not None:
-        check_context(draft_model.model if isinstance(draft_model, ModelDrafter) else draft_model,
-                      len(prompt_ids), max_tokens)
+    check_context(drafter.max_context, "the draft", len(prompt_ids), max_tokens)
     stats = Stats()
     out: list[int] = []
     if max_tokens == 0:
@@ -302,7 +298,7 @@ def speculative_generate(model, draft, tokenizer, prompt, max_tokens: int, *, nu
         ids = prompt_ids + out
         # Drafts past max_tokens - 1 could never be kept: the step always adds one target token.
         k_step = min(schedule.choose() if schedule else k, max_tokens - len(out) - 1)
-        spent = dict(stats.timings)
+        spent = dict(stats.timings) if schedule else None  # the schedule learns from each step's costs
         drafted, q = [], None
         if k_step > 0:
             with timer("draft"):

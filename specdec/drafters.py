@@ -24,6 +24,7 @@ class Drafter:
 
     vocab_size: int | None = None
     tokenizer = None
+    max_context: int | None = None  # positions a draft model can hold; None: no limit
 
     def __init__(self):
         self.calls = 0
@@ -89,7 +90,7 @@ class ModelDrafter(Drafter):
         super().__init__()
         # A cache of its own, so that the target can also serve as its own draft.
         self.model: LanguageModel = as_language_model(model, tokenizer).fork()
-        self.vocab_size = self.model.vocab_size
+        self.vocab_size, self.max_context = self.model.vocab_size, self.model.max_context
         self.tokenizer = self.model.tokenizer or tokenizer
         self._seen: list[int] = []  # tokens whose K/V are in the draft cache
         self._base = 0  # length of the accepted sequence at the last propose
@@ -148,6 +149,7 @@ class CompositeDrafter(Drafter):
         self.lookup = lookup or NgramDrafter()
         self.model = model_draft if isinstance(model_draft, ModelDrafter) else ModelDrafter(model_draft, tokenizer)
         self.vocab_size, self.tokenizer = self.model.vocab_size, self.model.tokenizer
+        self.max_context = self.model.max_context
 
     def begin(self, capacity: int) -> None:
         super().begin(capacity)

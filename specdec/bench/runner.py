@@ -133,14 +133,11 @@ def build_methods(cfg: BenchConfig, target, draft_model, hf, hf_draft) -> list[M
     # A fixed seed: each prompt's sampled output is the same in every trial, so trials time the same work.
     sp = dict(temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p, seed=0)
     ks = cfg.ks + (["auto"] if cfg.auto else [])
-    methods: list[M.Method] = [M.Normal(target, sp)]
-    for k in ks:
-        methods.append(M.Speculative(target, NgramDrafter(), "ngram", k, sp))
+    drafters = {"ngram": NgramDrafter}
     if draft_model is not None:
-        for k in ks:
-            methods.append(M.Speculative(target, ModelDrafter(draft_model), "draft", k, sp))
-        for k in ks:
-            methods.append(M.Speculative(target, CompositeDrafter(draft_model), "composite", k, sp))
+        drafters.update(draft=lambda: ModelDrafter(draft_model), composite=lambda: CompositeDrafter(draft_model))
+    methods: list[M.Method] = [M.Normal(target, sp)]
+    methods += [M.Speculative(target, make(), name, k, sp) for name, make in drafters.items() for k in ks]
     if hf is not None:
         eos = target.eos_token_ids
         methods.append(M.hf_generate(hf, eos, sp))
