@@ -1,4 +1,4 @@
-"""Command line: `specdec generate`, `specdec demo`, `specdec bench`.
+"""Command line: `specdec generate`, `specdec demo`, `specdec bench`, `specdec distill`.
 
 User mistakes end with a one-line message and exit status 2, never a traceback.
 """
@@ -63,7 +63,17 @@ class TextStream:
         self.printed = len(text)
 
 
-def make_drafter(spec: str, target, dtype):
+def resolve_draft(args) -> str:
+    """--draft's default: the shipped draft of an embedded target (with prompt lookup), else prompt lookup."""
+    from .models.loading import DEFAULT_DRAFTS
+
+    if args.draft is not None:
+        return args.draft
+    shipped = DEFAULT_DRAFTS.get(str(args.model))
+    return f"composite:{shipped}" if shipped else "ngram"
+
+
+def make_drafter(spec: str, target, dtype, min_confidence: float = 0.0):
     """--draft: 'ngram', 'none', a model name/path, or 'composite:MODEL' (lookup, else the model)."""
     from .drafters import CompositeDrafter, ModelDrafter, NgramDrafter
     from .models.loading import load_model
@@ -73,8 +83,16 @@ def make_drafter(spec: str, target, dtype):
     if spec == "ngram":
         return NgramDrafter()
     if spec.startswith("composite:"):
-        return CompositeDrafter(load_model(spec.removeprefix("composite:"), dtype=dtype, device=target.device))
-    return ModelDrafter(load_model(spec, dtype=dtype, device=target.device))
+        model = load_model(spec.removeprefix("composite:"), dtype=dtype, device=target.device)
+        return CompositeDrafter(model, min_confidence=min_confidence)
+    return ModelDrafter(load_model(spec, dtype=dtype, device=target.device), min_confidence=min_confidence)
+
+
+def _confidence(text: str) -> float:
+    value = _float(text)
+    if not 0.0 <= value < 1.0:
+        raise argparse.ArgumentTypeError(f"must be in [0, 1), got {value}")
+    return value
 
 
 def check_draft_exists(spec: str) -> None:
@@ -103,11 +121,12 @@ def cmd_generate(args) -> int:
     decoding.check_seed(args.seed)
     if not args.prompt:
         raise ValueError("prompt is empty")
-    check_draft_exists(args.draft)
+    draft = resolve_draft(args)
+    check_draft_exists(draft)
     target = load_model(args.model, dtype=args.dtype, device=args.device)
     if target.tokenizer is None:
         raise CLIError(f"{args.model} ships no tokenizer; use the Python API with token ids")
-    drafter = make_drafter(args.draft, target, args.dtype)
+    drafter = make_drafter(draft, target, args.dtype, args.min_confidence)
     stream = TextStream(target.tokenizer)
     start = time.perf_counter()
     if drafter is None:
@@ -146,12 +165,13 @@ def cmd_demo(args) -> int:
     """Normal vs speculative decoding on the embedded default: outputs, match, speedup, acceptance."""
     from .models.loading import load_model
 
-    if args.draft == "none":
+    draft = resolve_draft(args)
+    if draft == "none":
         raise CLIError("the demo compares against a draft: --draft must not be 'none'")
-    check_draft_exists(args.draft)
+    check_draft_exists(draft)
     print(f"loading {args.model} ...", file=sys.stderr)
     target = load_model(args.model, dtype=args.dtype, device=args.device)
-    drafter = make_drafter(args.draft, target, args.dtype)
+    drafter = make_drafter(draft, target, args.dtype, args.min_confidence)
     tok = target.tokenizer
     run_normal = lambda: decoding.generate(target, tok, DEMO_PROMPT, args.max_tokens, chat=True)  # noqa: E731
     run_spec = lambda: decoding.speculative_generate(  # noqa: E731
@@ -198,7 +218,13 @@ def cmd_bench(args) -> int:
     from .bench.report import print_summary, write_report
     from .bench.runner import BenchConfig, run_benchmark
 
-    options = dict(model=args.model, draft=args.draft, dtype=args.dtype, device=args.device, threads=args.threads,
+    from .models.loading import DEFAULT_DRAFTS
+
+    draft = args.draft if args.draft is not None else DEFAULT_DRAFTS.get(str(args.model))
+    if draft is not None and not args.no_draft:
+        check_draft_exists(draft)
+    options = dict(model=args.model, draft=None if args.no_draft else draft, min_confidence=args.min_confidence,
+                   dtype=args.dtype, device=args.device, threads=args.threads,
                    prompts=args.prompts, categories=args.categories.split(",") if args.categories else None,
                    per_category=args.per_category, max_tokens=args.max_tokens, trials=args.trials, ks=args.ks,
                    peers=not args.no_peers, auto=None if args.quick else not args.no_auto, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
@@ -215,6 +241,25 @@ def cmd_bench(args) -> int:
     return 0
 
 
+def cmd_distill(args) -> int:
+    from .distill import DistillConfig, distill
+    from .models.loading import hf_checkpoint
+
+    names = ("target", "out", "layers", "hidden", "intermediate", "prompts", "heldout", "max_new_tokens", "steps",
+             "batch_tokens", "lr", "seed", "threads")
+    cfg = DistillConfig(**{n: getattr(args, n) for n in names}, command=["specdec", *sys.argv[1:]])
+    cfg.check()
+    hf_checkpoint(cfg.target)  # a missing target fails now, not after minutes
+    out = distill(cfg)
+    print(f"draft written to {out}/ (config.json, model.safetensors, train-log.jsonl)", file=sys.stderr)
+    if args.ship:
+        from .distill import export_shipped
+
+        print(f"shippable form (without the target's shared weights) in {export_shipped(out, args.ship, cfg.target)}/",
+              file=sys.stderr)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="specdec", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -222,8 +267,11 @@ def build_parser() -> argparse.ArgumentParser:
     g = sub.add_parser("generate", help="generate text, streaming it, then print a summary line")
     g.add_argument("prompt")
     add_model_args(g)
-    g.add_argument("--draft", default="ngram", help="'ngram' (prompt lookup), 'none' (plain decoding), a model, "
-                   "or 'composite:MODEL' (prompt lookup when the context has a match, else the model)")
+    g.add_argument("--draft", default=None, help="'ngram' (prompt lookup), 'none' (plain decoding), a model, "
+                   "or 'composite:MODEL' (prompt lookup when the context has a match, else the model); default: "
+                   "composite with the shipped draft for the default target, else 'ngram'")
+    g.add_argument("--min-confidence", type=_confidence, default=0.0, help="the draft model stops proposing "
+                   "where its top probability is below this (0: never)")
     g.add_argument("--num-draft-tokens", type=_k, default=4, help="k, or 'auto' (chosen each step from measured "
                    "acceptance and costs)")
     g.add_argument("--max-tokens", type=_int, default=128)
@@ -236,7 +284,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     d = sub.add_parser("demo", help="normal vs speculative decoding on the embedded default model")
     add_model_args(d)
-    d.add_argument("--draft", default="ngram")
+    d.add_argument("--draft", default=None, help="as for generate")
+    d.add_argument("--min-confidence", type=_confidence, default=0.0)
     d.add_argument("--num-draft-tokens", type=_k, default=4)
     d.add_argument("--max-tokens", type=_positive_int, default=128)
     d.add_argument("--trials", type=_positive_int, default=3)
@@ -244,7 +293,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     b = sub.add_parser("bench", help="benchmark normal vs speculative decoding (and transformers) on a prompt suite")
     add_model_args(b)
-    b.add_argument("--draft", default=None, help="a draft model (name or path); the n-gram drafter always runs")
+    b.add_argument("--draft", default=None, help="a draft model (name or path; default: the shipped draft of "
+                   "the default target); the n-gram drafter always runs")
+    b.add_argument("--no-draft", action="store_true", help="no draft model: n-gram (and peers) only")
+    b.add_argument("--min-confidence", type=_confidence, default=0.0, help="> 0: also run the draft with this "
+                   "confidence stop (draft-stop, composite-stop)")
     b.add_argument("--threads", type=_positive_int, default=None, help="torch threads (default: torch's choice)")
     b.add_argument("--prompts", default=None, help="a JSONL prompt file (default: the bundled suite)")
     b.add_argument("--categories", default=None, help="comma-separated categories to run")
@@ -260,6 +313,25 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--quick", action="store_true", help="a smoke run: one prompt per category, short outputs")
     b.add_argument("--out", default="bench-out", help="directory for report.json, report.md and plots")
     b.set_defaults(func=cmd_bench)
+
+    t = sub.add_parser("distill", help="train a small draft model on the target's own outputs (resumable)")
+    t.add_argument("--target", default=DEFAULT_MODEL, help=f"embedded name, checkpoint dir or .gguf (default {DEFAULT_MODEL})")
+    t.add_argument("--out", required=True, help="run directory: data, checkpoints, log, and the final draft")
+    t.add_argument("--layers", type=_positive_int, default=2)
+    t.add_argument("--hidden", type=_positive_int, default=None, help="width (default: the target's, sharing its "
+                   "embeddings, frozen)")
+    t.add_argument("--intermediate", type=_positive_int, default=None, help="MLP width (default: the target's)")
+    t.add_argument("--prompts", type=_positive_int, default=1200, help="prompts the target answers (greedy and sampled)")
+    t.add_argument("--heldout", type=_positive_int, default=48, help="of those, kept out to measure agreement")
+    t.add_argument("--max-new-tokens", type=_positive_int, default=160)
+    t.add_argument("--steps", type=_positive_int, default=3000)
+    t.add_argument("--batch-tokens", type=_positive_int, default=4096, help="label positions per step")
+    t.add_argument("--lr", type=_float, default=1e-3)
+    t.add_argument("--seed", type=_int, default=0)
+    t.add_argument("--threads", type=_positive_int, default=None)
+    t.add_argument("--ship", default=None, help="also write the draft without the target's shared weights here "
+                   "(how a draft ships in a package; rebuilt on first load)")
+    t.set_defaults(func=cmd_distill)
     return parser
 
 

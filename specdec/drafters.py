@@ -84,10 +84,18 @@ class ModelDrafter(Drafter):
     verification `commit` rolls it back to the longest prefix it shares with the accepted
     sequence, and the next `propose` first runs whatever accepted tokens it has not seen
     (one token after a rejection; d_k and the bonus token, in one pass, after a full accept).
+
+    Confidence stop: with `min_confidence` > 0 the draft stops proposing as soon as its top
+    probability falls below it, so a block ends where the draft itself expects to be wrong
+    instead of paying draft and verify time for tokens that will be rejected. The decision
+    depends only on the draft's own distribution, so the acceptance rule stays exact.
     """
 
-    def __init__(self, model, tokenizer=None):
+    def __init__(self, model, tokenizer=None, min_confidence: float = 0.0):
         super().__init__()
+        if not 0.0 <= min_confidence < 1.0:
+            raise ValueError(f"min_confidence must be in [0, 1), got {min_confidence}")
+        self.min_confidence = min_confidence
         # A cache of its own, so that the target can also serve as its own draft.
         self.model: LanguageModel = as_language_model(model, tokenizer).fork()
         self.vocab_size, self.max_context = self.model.vocab_size, self.model.max_context
@@ -112,10 +120,12 @@ class ModelDrafter(Drafter):
         logits = self._forward(ids[len(self._seen):], last_only=True)
         tokens, qs = [], []
         for i in range(k):
+            q = None if params.greedy else logits_to_probs(logits, params)
+            if self.min_confidence and float((logits.softmax(-1) if q is None else q).max()) < self.min_confidence:
+                break
             if params.greedy:
                 tokens.append(int(logits.argmax()))
             else:
-                q = logits_to_probs(logits, params)
                 tokens.append(sample(q, generator))
                 qs.append(q)
             if i < k - 1:  # the last proposal is run later, only if it is accepted
@@ -133,7 +143,8 @@ class ModelDrafter(Drafter):
         del self._seen[keep:]
 
     def __repr__(self) -> str:
-        return f"ModelDrafter({self.model!r})"
+        stop = f", min_confidence={self.min_confidence}" if self.min_confidence else ""
+        return f"ModelDrafter({self.model!r}{stop})"
 
 
 class CompositeDrafter(Drafter):
@@ -144,10 +155,11 @@ class CompositeDrafter(Drafter):
     that of the drafter that proposed (one-hot for a lookup), as the acceptance rule needs.
     """
 
-    def __init__(self, model_draft, lookup: NgramDrafter | None = None, tokenizer=None):
+    def __init__(self, model_draft, lookup: NgramDrafter | None = None, tokenizer=None, min_confidence: float = 0.0):
         super().__init__()
         self.lookup = lookup or NgramDrafter()
-        self.model = model_draft if isinstance(model_draft, ModelDrafter) else ModelDrafter(model_draft, tokenizer)
+        self.model = model_draft if isinstance(model_draft, ModelDrafter) else ModelDrafter(
+            model_draft, tokenizer, min_confidence)
         self.vocab_size, self.tokenizer = self.model.vocab_size, self.model.tokenizer
         self.max_context = self.model.max_context
 

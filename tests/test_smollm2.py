@@ -194,6 +194,59 @@ def test_speculative_poor_truncated_draft(name, reference, f32, tok, truncated_d
     assert res.stats.accepted < res.stats.drafted, "a 2-layer draft should be rejected sometimes"
 
 
+DRAFT = "smollm2-135m-instruct-draft"
+
+
+@pytest.fixture(scope="module")
+def shipped_draft(tmp_path_factory):
+    # Materialized into a fresh cache, as on a user's first load (the converted target is reused).
+    cache = tmp_path_factory.mktemp("cache")
+    (cache / MODEL).symlink_to(hf_checkpoint(MODEL), target_is_directory=True)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("SPECDEC_CACHE", str(cache))
+        path = hf_checkpoint(DRAFT)
+        assert path == cache / DRAFT
+        yield path
+
+
+def test_shipped_draft_is_small_and_complete(shipped_draft):
+    from specdec.models.loading import SHIPPED_DRAFTS
+
+    source = SHIPPED_DRAFTS[DRAFT][0]
+    shipped = sum(f.stat().st_size for f in source.iterdir())
+    assert shipped <= 20 * 2**20, f"{shipped / 2**20:.1f} MB in git"
+    for name in ("NOTICE", "recipe.json", "train-log.jsonl", "shared.json", "config.json"):
+        assert (source / name).exists(), name
+    assert "Apache" in (source / "NOTICE").read_text()
+    log = [json.loads(line) for line in (source / "train-log.jsonl").read_text().splitlines()]
+    assert log[-1]["heldout_greedy_agreement"] > log[0]["heldout_greedy_agreement"]
+    assert hf_checkpoint(DRAFT) == shipped_draft  # materialized once, then reused
+
+
+def test_shipped_draft_loads_in_transformers_and_natively(shipped_draft, hf, tok):
+    from transformers import AutoModelForCausalLM
+
+    theirs = AutoModelForCausalLM.from_pretrained(str(shipped_draft), dtype=torch.float32)
+    ours = load_model(DRAFT, dtype="float32")
+    assert ours.vocab_size == hf.config.vocab_size and ours.module.cfg.num_layers == 2
+    ids = tok("The quick brown fox", return_tensors="pt").input_ids
+    with torch.no_grad():
+        ref = theirs(ids).logits[0]
+    ours.reset(ids.shape[1])
+    assert torch.allclose(ours.forward(ids[0]), ref, atol=1e-3)
+
+
+@pytest.mark.parametrize("name", sorted(PROMPTS))
+def test_speculative_with_shipped_draft_equals_greedy(name, reference, f32, tok, shipped_draft):
+    from specdec import CompositeDrafter, ModelDrafter
+
+    draft = load_model(DRAFT, dtype="float32")
+    for drafter in (ModelDrafter(draft), CompositeDrafter(draft, min_confidence=0.3)):
+        res = speculative_generate(f32, drafter, tok, PROMPTS[name], MAX_NEW, num_draft_tokens=4, chat=True)
+        assert res.token_ids == reference[name].token_ids
+        check_stats(res)
+
+
 def test_raw_transformers_target_with_ngram(reference, hf, tok):
     """The real model as a raw transformers model (behind the adapter, DynamicCache trimmed by position)."""
     res = speculative_generate(hf, NgramDrafter(), tok, PASSAGE, MAX_NEW, num_draft_tokens=4, chat=True)

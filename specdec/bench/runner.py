@@ -47,6 +47,7 @@ class BenchConfig:
     top_p: float | None = None
     peers: bool = True  # transformers' generate / assisted / prompt lookup
     auto: bool = True  # also num_draft_tokens="auto" for each drafter
+    min_confidence: float = 0.0  # > 0: also the draft model with this confidence stop ("draft-stop")
     quick: bool = False
 
     @classmethod
@@ -64,6 +65,8 @@ class BenchConfig:
         if not self.ks or any(k < 1 for k in self.ks):
             raise ValueError(f"num_draft_tokens values must be >= 1, got {self.ks}")
         self.ks = sorted(set(self.ks))
+        if not 0.0 <= self.min_confidence < 1.0:
+            raise ValueError(f"min_confidence must be in [0, 1), got {self.min_confidence}")
         if self.threads is not None and self.threads < 1:
             raise ValueError(f"threads must be >= 1, got {self.threads}")
         from ..decoding import check_sampling
@@ -136,6 +139,10 @@ def build_methods(cfg: BenchConfig, target, draft_model, hf, hf_draft) -> list[M
     drafters = {"ngram": NgramDrafter}
     if draft_model is not None:
         drafters.update(draft=lambda: ModelDrafter(draft_model), composite=lambda: CompositeDrafter(draft_model))
+        if cfg.min_confidence:
+            stop = cfg.min_confidence
+            drafters.update({"draft-stop": lambda: ModelDrafter(draft_model, min_confidence=stop),
+                             "composite-stop": lambda: CompositeDrafter(draft_model, min_confidence=stop)})
     methods: list[M.Method] = [M.Normal(target, sp)]
     methods += [M.Speculative(target, make(), name, k, sp) for name, make in drafters.items() for k in ks]
     if hf is not None:

