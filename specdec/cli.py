@@ -272,8 +272,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "composite with the shipped draft for the default target, else 'ngram'")
     g.add_argument("--min-confidence", type=_confidence, default=0.0, help="the draft model stops proposing "
                    "where its top probability is below this (0: never)")
-    g.add_argument("--num-draft-tokens", type=_k, default=4, help="k, or 'auto' (chosen each step from measured "
-                   "acceptance and costs)")
+    g.add_argument("--num-draft-tokens", type=_k, default="auto", help="k, or 'auto' (the default: chosen each step "
+                   "from measured acceptance and costs)")
     g.add_argument("--max-tokens", type=_int, default=128)
     g.add_argument("--temperature", type=_float, default=0.0)
     g.add_argument("--top-k", type=_positive_int, default=None)
@@ -286,7 +286,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_model_args(d)
     d.add_argument("--draft", default=None, help="as for generate")
     d.add_argument("--min-confidence", type=_confidence, default=0.0)
-    d.add_argument("--num-draft-tokens", type=_k, default=4)
+    d.add_argument("--num-draft-tokens", type=_k, default="auto")
     d.add_argument("--max-tokens", type=_positive_int, default=128)
     d.add_argument("--trials", type=_positive_int, default=3)
     d.set_defaults(func=cmd_demo)
