@@ -266,11 +266,13 @@ def test_generate_streams_text_and_summary(capsys, spy_load, monkeypatch):
     assert "Traceback" not in err
     summary = err.strip().splitlines()[-1]
     m = SUMMARY.match(summary)
-    assert m and m.group(3), summary  # the n-gram drafter is the default: acceptance is reported
+    assert m and m.group(3), summary  # a draft is the default: acceptance is reported
     n = int(m.group(1))
     assert 1 <= n <= 8
-    (target,) = spy_load
-    assert target.dtype == torch.float32
+    # The default draft of the default target: its shipped draft, in the same dtype.
+    target, draft = spy_load
+    assert draft.name == "smollm2-135m-instruct-draft"
+    assert target.dtype == draft.dtype == torch.float32
     expected = generate(target, target.tokenizer, prompt, 8, chat=True)
     assert n == len(expected.token_ids) and m.group(2) == expected.finish_reason
     assert out == expected.text + "\n"
