@@ -63,13 +63,18 @@ class TextStream:
         self.printed = len(text)
 
 
-def resolve_draft(args) -> str:
-    """--draft's default: the shipped draft of an embedded target (with prompt lookup), else prompt lookup."""
+def draft_model_arg(args) -> str | None:
+    """--draft as given, else the shipped draft of an embedded target (None if it has none)."""
     from .models.loading import DEFAULT_DRAFTS
 
+    return args.draft if args.draft is not None else DEFAULT_DRAFTS.get(str(args.model))
+
+
+def resolve_draft(args) -> str:
+    """--draft's default for generate/demo: the shipped draft with prompt lookup, else prompt lookup."""
     if args.draft is not None:
         return args.draft
-    shipped = DEFAULT_DRAFTS.get(str(args.model))
+    shipped = draft_model_arg(args)
     return f"composite:{shipped}" if shipped else "ngram"
 
 
@@ -218,9 +223,7 @@ def cmd_bench(args) -> int:
     from .bench.report import print_summary, write_report
     from .bench.runner import BenchConfig, run_benchmark
 
-    from .models.loading import DEFAULT_DRAFTS
-
-    draft = args.draft if args.draft is not None else DEFAULT_DRAFTS.get(str(args.model))
+    draft = draft_model_arg(args)
     if draft is not None and not args.no_draft:
         check_draft_exists(draft)
     options = dict(model=args.model, draft=None if args.no_draft else draft, min_confidence=args.min_confidence,
