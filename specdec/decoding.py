@@ -291,13 +291,19 @@ def speculative_generate(model, draft, tokenizer, prompt, max_tokens: int, *, nu
     with timer("prefill"):
         token = select(model.forward(prompt_ids, last_only=True)[-1], params, gen)
     stats.target_calls += 1
+    with timer("draft"):
+        drafter.prefill(prompt_ids)
     reason = _finish(out, [token], model.eos_token_ids, max_tokens)
     if stream:
         stream([token])
     while not reason:
         ids = prompt_ids + out
         # Drafts past max_tokens - 1 could never be kept: the step always adds one target token.
-        k_step = min(schedule.choose() if schedule else k, max_tokens - len(out) - 1)
+        k_step = k
+        if schedule:
+            source = drafter.source(ids)
+            k_step = schedule.choose(source) if source else 0
+        k_step = min(k_step, max_tokens - len(out) - 1)
         spent = dict(stats.timings) if schedule else None  # the schedule learns from each step's costs
         drafted, q = [], None
         if k_step > 0:
@@ -318,7 +324,7 @@ def speculative_generate(model, draft, tokenizer, prompt, max_tokens: int, *, nu
         stats.record_step(kept if kept < n_acc else len(drafted), kept)
         if schedule:
             schedule.update(len(drafted), n_acc, stats.timings["draft"] - spent["draft"],
-                            stats.timings["verify"] - spent["verify"])
+                            stats.timings["verify"] - spent["verify"], source)
         # Roll back rejected drafts (and anything after an EOS): the cache keeps the
         # accepted sequence minus its pending last token.
         model.rollback(len(prompt_ids) + len(out) - 1)

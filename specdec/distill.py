@@ -55,6 +55,7 @@ class DistillConfig:
     eval_every: int = 250
     save_every: int = 250
     seed: int = 0
+    head_tokens: int = 8192  # tokens the draft's head scores at inference (most written by the target); 0: all
     threads: int | None = None
     command: list[str] = field(default_factory=list)  # the command line, recorded in recipe.json
 
@@ -65,6 +66,8 @@ class DistillConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if not 0 < self.heldout < self.prompts:
             raise ValueError(f"heldout must be between 1 and prompts - 1, got {self.heldout}")
+        if self.head_tokens < 0:
+            raise ValueError(f"head_tokens must be >= 0 (0: the full vocabulary), got {self.head_tokens}")
         if self.hidden is not None and self.hidden < 1:
             raise ValueError(f"hidden must be >= 1, got {self.hidden}")
         if not self.lr > 0 or self.temperature <= 0:
@@ -401,6 +404,27 @@ def save_draft(draft, target_path: Path, out: Path) -> None:
             shutil.copy(target_path / name, out / name)
 
 
+def write_head_tokens(cfg: DistillConfig, examples: list[Example], vocab_size: int, eos_ids, out: Path) -> None:
+    """head_tokens.json: the cfg.head_tokens tokens the target wrote most often in the training
+    completions, plus its end tokens, and how much of the held-out completions they cover.
+    A draft whose head scores only these costs much less per token (see ModelDrafter)."""
+    from .models.loading import HEAD_TOKENS_FILE
+
+    path = Path(out) / HEAD_TOKENS_FILE
+    if not cfg.head_tokens or cfg.head_tokens >= vocab_size:
+        path.unlink(missing_ok=True)
+        return
+    written = lambda e: e.tokens[e.prompt_len:]  # noqa: E731
+    counts = torch.bincount(torch.cat([written(e) for e in examples if e.prompt >= cfg.heldout]),
+                            minlength=vocab_size)
+    keep = torch.zeros(vocab_size, dtype=torch.bool)
+    keep[counts.argsort(descending=True, stable=True)[: cfg.head_tokens]] = True
+    keep[list(eos_ids)] = True
+    held = torch.cat([written(e) for e in examples if e.prompt < cfg.heldout])
+    coverage = float(keep[held].float().mean())
+    path.write_text(json.dumps({"heldout_coverage": round(coverage, 4), "token_ids": keep.nonzero()[:, 0].tolist()}) + "\n")
+
+
 def export_shipped(run: Path, dest: Path, target: str) -> Path:
     """The form that ships in git: the draft without the matrices it shares with its target
     (embeddings, and the output head if untied): config.json, layers.safetensors and
@@ -410,7 +434,7 @@ def export_shipped(run: Path, dest: Path, target: str) -> Path:
 
     from safetensors.torch import load_file, save_file
 
-    from .models.loading import SHARED_TENSORS, hf_checkpoint, read_tensor, tensor_digest
+    from .models.loading import HEAD_TOKENS_FILE, SHARED_TENSORS, hf_checkpoint, read_tensor, tensor_digest
 
     run, dest = Path(run), Path(dest)
     state = load_file(str(run / "model.safetensors"))
@@ -426,7 +450,7 @@ def export_shipped(run: Path, dest: Path, target: str) -> Path:
     save_file(state, str(dest / "layers.safetensors"), metadata={"format": "pt"})
     shutil.copy(run / "config.json", dest / "config.json")
     (dest / "shared.json").write_text(json.dumps({"target": target, "sha256": shared}, indent=1) + "\n")
-    for name in (LOG_FILE, "recipe.json", "train-log.png"):
+    for name in (LOG_FILE, "recipe.json", "train-log.png", HEAD_TOKENS_FILE):
         if (run / name).exists():
             shutil.copy(run / name, dest / name)
     return dest
@@ -454,6 +478,7 @@ def plot_log(out: Path) -> Path:
 def distill(cfg: DistillConfig, progress=True) -> Path:
     from transformers import AutoModelForCausalLM
 
+    from .models.base import eos_ids_of
     from .models.loading import hf_checkpoint
 
     cfg.check()
@@ -463,7 +488,7 @@ def distill(cfg: DistillConfig, progress=True) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     recipe = out / "recipe.json"
     if recipe.exists():
-        free = ("command", "threads", "out")  # these do not change what is trained
+        free = ("command", "threads", "out", "head_tokens")  # these do not change what is trained
         old = {k: v for k, v in json.loads(recipe.read_text()).items() if k not in free}
         new = {k: v for k, v in asdict(cfg).items() if k not in free}
         if old != new:
@@ -474,8 +499,11 @@ def distill(cfg: DistillConfig, progress=True) -> Path:
     data = generate_data(cfg, progress)
     target = AutoModelForCausalLM.from_pretrained(str(target_path), dtype=torch.float32, use_safetensors=True,
                                                   trust_remote_code=False)
-    draft = train(cfg, load_data(data), target, progress)
+    examples = load_data(data)
+    draft = train(cfg, examples, target, progress)
+    eos_ids = eos_ids_of(target.generation_config) + eos_ids_of(target.config)
     del target
     save_draft(draft, target_path, out)
+    write_head_tokens(cfg, examples, draft.config.vocab_size, eos_ids, out)
     plot_log(out)
     return out

@@ -5,6 +5,8 @@ target has not run yet) and proposes up to k tokens, with the distribution q it 
 them from (None when it is deterministic: q is then one-hot on each proposal).
 
     drafter.begin(capacity)                 before a generation
+    drafter.prefill(prompt_ids)             read the prompt (a draft model fills its cache)
+    drafter.source(ids)                     which proposer would answer here (None: nothing to propose)
     drafter.propose(ids, k, params, gen)    -> (tokens, q or None)
     drafter.commit(ids)                     the accepted sequence after verification
 """
@@ -33,6 +35,14 @@ class Drafter:
     def begin(self, capacity: int) -> None:
         self.calls, self.seconds = 0, 0.0
 
+    def prefill(self, prompt_ids: list[int]) -> None:
+        pass
+
+    def source(self, ids: list[int]) -> str | None:
+        """The proposer that would answer at this context ("model", "lookup"), or None when
+        there is nothing to propose; `num_draft_tokens="auto"` keeps statistics per source."""
+        return "model"
+
     def propose(self, ids: list[int], k: int, params: SamplingParams, generator):
         raise NotImplementedError
 
@@ -53,6 +63,9 @@ class NgramDrafter(Drafter):
         if not 1 <= min_ngram <= max_ngram:
             raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
+
+    def source(self, ids):
+        return "lookup" if lookup(np.asarray(ids), 1, self.max_ngram, self.min_ngram) else None
 
     def propose(self, ids, k, params, generator):
         start = time.perf_counter()
@@ -89,15 +102,26 @@ class ModelDrafter(Drafter):
     probability falls below it, so a block ends where the draft itself expects to be wrong
     instead of paying draft and verify time for tokens that will be rejected. The decision
     depends only on the draft's own distribution, so the acceptance rule stays exact.
+
+    Head tokens: the draft scores only these tokens (q is 0 elsewhere, which the acceptance
+    rule handles exactly like any other q). Its output head is most of a small draft's cost
+    and most of its rows are tokens the target rarely writes. "auto" takes the list the
+    checkpoint ships (`head_tokens.json`, written by `specdec distill`); None scores all.
     """
 
-    def __init__(self, model, tokenizer=None, min_confidence: float = 0.0):
+    def __init__(self, model, tokenizer=None, min_confidence: float = 0.0, head_tokens="auto"):
         super().__init__()
         if not 0.0 <= min_confidence < 1.0:
             raise ValueError(f"min_confidence must be in [0, 1), got {min_confidence}")
         self.min_confidence = min_confidence
         # A cache of its own, so that the target can also serve as its own draft.
         self.model: LanguageModel = as_language_model(model, tokenizer).fork()
+        if isinstance(head_tokens, str) and head_tokens == "auto":
+            head_tokens = getattr(self.model, "head_tokens", None)
+        if head_tokens is not None:
+            if not hasattr(self.model, "restrict_head"):
+                raise ValueError(f"head_tokens needs a native model; {self.model.name} runs through transformers")
+            self.model.restrict_head(head_tokens)
         self.vocab_size, self.max_context = self.model.vocab_size, self.model.max_context
         self.tokenizer = self.model.tokenizer or tokenizer
         self._seen: list[int] = []  # tokens whose K/V are in the draft cache
@@ -112,6 +136,13 @@ class ModelDrafter(Drafter):
         self.calls += 1
         self._seen.extend(tokens)
         return self.model.forward(tokens, last_only=last_only)[-1]
+
+    def prefill(self, prompt_ids):
+        # Read the prompt once, up front, so that no proposal (and no cost estimate of
+        # `num_draft_tokens="auto"`) carries it.
+        start = time.perf_counter()
+        self._forward(prompt_ids, last_only=True)
+        self.seconds += time.perf_counter() - start
 
     def propose(self, ids, k, params, generator):
         start = time.perf_counter()
@@ -144,7 +175,9 @@ class ModelDrafter(Drafter):
 
     def __repr__(self) -> str:
         stop = f", min_confidence={self.min_confidence}" if self.min_confidence else ""
-        return f"ModelDrafter({self.model!r}{stop})"
+        head = getattr(self.model, "head", None)
+        head = f", head_tokens={len(head[0])}" if head else ""
+        return f"ModelDrafter({self.model!r}{stop}{head})"
 
 
 class CompositeDrafter(Drafter):
@@ -167,6 +200,13 @@ class CompositeDrafter(Drafter):
         super().begin(capacity)
         self.lookup.begin(capacity)
         self.model.begin(capacity)
+
+    def prefill(self, prompt_ids):
+        self.model.prefill(prompt_ids)
+        self.calls, self.seconds = self.model.calls, self.model.seconds
+
+    def source(self, ids):
+        return self.lookup.source(ids) or "model"
 
     def propose(self, ids, k, params, generator):
         tokens, q = self.lookup.propose(ids, k, params, generator)

@@ -122,6 +122,39 @@ def test_saved_draft_loads_natively_and_in_transformers(tmp_path, target, exampl
         materialize_draft(shipped, other, tmp_path / "cache2")
 
 
+def test_head_tokens_are_the_most_written_and_ship_with_the_draft(tmp_path, target, examples):
+    from specdec import ModelDrafter
+    from specdec.models.loading import HEAD_TOKENS_FILE
+
+    draft = D.train(config(tmp_path / "run", steps=2), examples, target[1], progress=False)
+    D.save_draft(draft, target[0], tmp_path / "run")
+    D.write_head_tokens(config(tmp_path / "run", head_tokens=16), examples, V, eos_ids=(63,), out=tmp_path / "run")
+    listed = json.loads((tmp_path / "run" / HEAD_TOKENS_FILE).read_text())
+    ids = listed["token_ids"]
+    counts = torch.bincount(torch.cat([e.tokens[e.prompt_len:] for e in examples if e.prompt >= 40]), minlength=V)
+    top = set(counts.argsort(descending=True, stable=True)[:16].tolist())
+    assert set(ids) == top | {63} and ids == sorted(ids)
+    held = torch.cat([e.tokens[e.prompt_len:] for e in examples if e.prompt < 40])
+    assert listed["heldout_coverage"] == pytest.approx(float(torch.isin(held, torch.tensor(ids)).float().mean()), abs=1e-4)
+    # load_model reads the list; ModelDrafter applies it (only to its own fork); both ways
+    # greedy output is still the target's.
+    native = load_model(tmp_path / "run", dtype="float32")
+    assert native.head_tokens == ids and native.head is None
+    drafter = ModelDrafter(native)
+    assert drafter.model.head[0].tolist() == ids and native.head is None
+    assert ModelDrafter(native, head_tokens=None).model.head is None
+    tgt = load_model(target[0], dtype="float32")
+    prompt = examples[0].tokens[:8].tolist()
+    assert speculative_generate(tgt, drafter, None, prompt, 20).token_ids == generate(tgt, None, prompt, 20).token_ids
+    # It travels in the shipped form and through materialization.
+    shipped = D.export_shipped(tmp_path / "run", tmp_path / "ship", str(target[0]))
+    rebuilt = materialize_draft(shipped, target[0], tmp_path / "cache")
+    assert json.loads((rebuilt / HEAD_TOKENS_FILE).read_text()) == listed
+    # head_tokens=0: no list (the full head).
+    D.write_head_tokens(config(tmp_path / "run", head_tokens=0), examples, V, eos_ids=(63,), out=tmp_path / "run")
+    assert not (tmp_path / "run" / HEAD_TOKENS_FILE).exists()
+
+
 def test_narrower_draft_has_its_own_embeddings(tmp_path, target, examples):
     draft = D.train(config(tmp_path, steps=2, hidden=16), examples, target[1], progress=False)
     assert draft.config.hidden_size == 16 and draft.config.num_attention_heads == 2

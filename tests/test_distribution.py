@@ -177,6 +177,10 @@ def make_drafter(models, drafter: str):
         # Its top probability along sampled outputs: quartiles 0.422, 0.427, 0.427; so this
         # stop cuts some blocks short and leaves others whole.
         return specdec.ModelDrafter(models["draft"], min_confidence=0.425)
+    if drafter == "headcut":
+        # Its head scores tokens 1..V-1 only: q(0) = 0, so every 0 the target writes comes
+        # from the residual distribution, never from an accepted draft.
+        return specdec.ModelDrafter(models["draft"], head_tokens=list(range(1, V)))
     return specdec.NgramDrafter()
 
 
@@ -194,7 +198,7 @@ def speculative(models, drafter: str, setting: str):
 # ----------------------------------------------------------------------------- tests
 
 CASES = [("model", "t1.0"), ("model", "t0.7-topk3"), ("model", "t1.3-topp0.8"), ("ngram", "t1.0"),
-         ("composite", "t1.0"), ("model-auto", "t1.0"), ("confident", "t1.0")]
+         ("composite", "t1.0"), ("model-auto", "t1.0"), ("confident", "t1.0"), ("headcut", "t1.0")]
 
 
 def test_reference_is_a_proper_sharp_enough_distribution(exact):

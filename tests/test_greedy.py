@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from specdec import CompositeDrafter, HFAdapter, ModelDrafter, NgramDrafter, generate, load_model, speculative_generate
+from specdec.schedule import AdaptiveK
 from tiny import CONFIGS, save_tiny, tiny_gpt2, tiny_hf_model
 
 MAX_TOKENS = 24
@@ -17,7 +18,7 @@ PROMPTS = {
     "random": [3, 41, 17, 59, 8, 22, 36, 1, 50],
     "repeated": [5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6, 7, 8, 5, 6, 7],
 }
-DRAFTS = ["target", "poor", "noisy", "ngram", "raw-hf", "composite", "confident"]
+DRAFTS = ["target", "poor", "noisy", "ngram", "raw-hf", "composite", "confident", "head"]
 KS = [1, 2, 4, 8, "auto"]
 
 
@@ -87,6 +88,8 @@ def make_draft(kind, models):
     if kind == "confident":  # stops proposing where it is unsure: blocks of varying length
         # (its top probability along these outputs: quartiles 0.041, 0.045, 0.052)
         return ModelDrafter(models["noisy"], min_confidence=0.045)
+    if kind == "head":  # scores only every other token: it can never propose the rest
+        return ModelDrafter(models["noisy"], head_tokens=list(range(0, models["noisy"].vocab_size, 2)))
     return models["raw_hf_draft"]
 
 
@@ -118,10 +121,10 @@ def test_speculative_equals_greedy(prompt_name, draft_kind, k, models, reference
     assert res.finish_reason == "length"
     assert res.prompt_ids == PROMPTS[prompt_name]
     assert res.text is None
-    check_stats(res, drafter_has_model={"ngram": False, "composite": None, "confident": None}.get(draft_kind, True))
+    check_stats(res, drafter_has_model={"ngram": False, "composite": None, "confident": None, "head": None}.get(draft_kind, True))
     if draft_kind == "confident" and k in (4, 8):
         assert 0 < res.stats.drafted < k * (res.stats.target_calls - 1)  # the stop did cut blocks
-    assert len(res.stats.proposed_at) <= (8 if k == "auto" else k)
+    assert len(res.stats.proposed_at) <= (AdaptiveK().k_max if k == "auto" else k)
     if k == "auto":
         return  # the schedule picks k per step (0 included): only the output is pinned down
     if draft_kind == "target":
@@ -155,10 +158,10 @@ def test_accepted_per_position_with_variable_proposals():
 
 def test_draft_calls_counted(models):
     res = speculative_generate(models["target"], models["target"], None, PROMPTS["random"], 21, num_draft_tokens=4)
-    # 20 tokens after the prefill, 5 per step: 4 steps. Each step runs the unseen accepted tokens
-    # in one pass, then k-1 single-token passes: k passes per step.
+    # 20 tokens after the prefill, 5 per step: 4 steps. The draft reads the prompt in one pass;
+    # then each step runs the unseen accepted tokens in one pass and k-1 single-token passes.
     assert res.stats.target_calls == 5
-    assert res.stats.draft_calls == 4 * 4
+    assert res.stats.draft_calls == 1 + 4 * 4
     assert res.stats.drafted == 16 and res.stats.accepted == 16
 
 

@@ -106,6 +106,25 @@ def test_fork_shares_weights_not_cache(pair):
     assert native.cache_len == 10 and twin.cache_len == 3
 
 
+def test_restricted_head_scores_only_its_tokens(pair):
+    native, _ = pair
+    keep = [0, 5, 9, 63]
+    twin = native.fork()
+    twin.restrict_head(keep)
+    native.reset(len(SEQ))
+    twin.reset(len(SEQ))
+    full, part = native.forward(SEQ), twin.forward(SEQ)
+    assert part.shape == full.shape
+    assert torch.allclose(part[:, keep], full[:, keep], atol=1e-5)
+    others = torch.ones(64, dtype=torch.bool)
+    others[keep] = False
+    assert torch.isinf(part[:, others]).all() and (part[:, others] < 0).all()
+    assert native.head is None  # only the object it was asked of
+    for bad in ([], [64], [-1]):
+        with pytest.raises(ValueError, match="head token ids"):
+            twin.restrict_head(bad)
+
+
 # ----------------------------------------------------------------------------- non-Llama architecture
 
 

@@ -1,4 +1,4 @@
-"""num_draft_tokens="auto": the schedule's choices, and that it never changes the output."""
+"""num_draft_tokens="auto": the schedule's choices (its output-invariance is in test_greedy / test_distribution)."""
 import pytest
 
 from specdec.schedule import AdaptiveK, expected_tokens_per_step
@@ -6,12 +6,17 @@ from specdec.schedule import AdaptiveK, expected_tokens_per_step
 T = 0.030  # seconds per target pass
 
 
-def trained(alpha_hits: int, alpha_misses: int, t_draft: float, verify=lambda k: T * (1 + 0.02 * k)) -> AdaptiveK:
-    """A schedule fed steps at k = 1..8 whose outcomes give the wanted acceptance."""
-    s = AdaptiveK(k_max=8)
-    for k in range(9):  # k = 0 is a plain step: nothing drafted
-        s.update(k, 0, t_draft * k, verify(k))
-    s.accepted, s.rejected = float(alpha_hits), float(alpha_misses)
+def trained(p, t_draft: float, verify=lambda k: T * (1 + 0.02 * k), k_max=8, source="model") -> AdaptiveK:
+    """A schedule that has measured verify costs for k = 0..k_max and whose per-position
+    acceptance is p[i] (a list, or one number for every position), well observed."""
+    s = AdaptiveK(k_max=k_max)
+    for k in range(k_max + 1):  # k = 0 is a plain step: nothing drafted
+        s.update(k, 0, t_draft * k, verify(k), source)
+    st = s.sources[source]
+    p = p if isinstance(p, list) else [p] * k_max
+    st.tries = [1000.0] * len(p)
+    st.hits = [1000.0 * x for x in p]
+    st.prior = [0.0] * len(p)
     return s
 
 
@@ -21,43 +26,109 @@ def test_expected_tokens_per_step():
     assert expected_tokens_per_step(0.5, 1) == pytest.approx(1.5)
 
 
+def test_iid_acceptance_gives_the_leviathan_rate():
+    s = trained(0.6, t_draft=0.0, verify=lambda k: T)
+    for k in (1, 3, 8):
+        assert s.expected_rates()[k] == pytest.approx(expected_tokens_per_step(0.6, k) / T, rel=1e-3)
+
+
 def test_starts_modestly_before_measuring():
     assert AdaptiveK(k_max=8).choose() == 2
     assert AdaptiveK(k_max=1).choose() == 1
 
 
 def test_high_acceptance_cheap_draft_drafts_many():
-    s = trained(95, 5, t_draft=0.1 * T)
-    assert s.choose() >= 5
+    assert trained(0.95, t_draft=0.1 * T).choose() >= 5
 
 
 def test_free_lookup_with_fair_acceptance_drafts():
-    s = trained(60, 40, t_draft=0.0)
-    assert s.choose() >= 3
+    assert trained(0.6, t_draft=0.0).choose() >= 3
 
 
-def test_useless_draft_falls_back_to_plain_decoding_and_probes():
-    s = trained(1, 99, t_draft=0.2 * T)
-    picks = [s.choose() for _ in range(16)]
-    assert picks.count(0) == 14 and picks.count(1) == 2  # a 1-token probe every 8 plain steps
+def test_acceptance_in_runs_drafts_long_blocks():
+    # Prompt lookup: the first token of a match is a coin flip, the rest of a quoted span follows.
+    runs = trained([0.4] + [0.95] * 15, t_draft=0.0, k_max=16, verify=lambda k: T * (1 + 0.01 * k))
+    iid = trained(0.4, t_draft=0.0, k_max=16, verify=lambda k: T * (1 + 0.01 * k))
+    assert runs.choose() >= 10 > iid.choose()
+
+
+def test_unobserved_positions_follow_the_last_observed_one():
+    s = trained([0.9, 0.9], t_draft=0.0)
+    assert s.acceptance()[5] == pytest.approx(0.9, abs=0.01)
 
 
 def test_expensive_draft_is_not_worth_it_even_when_always_right():
-    s = trained(99, 1, t_draft=1.0 * T)  # the target drafting for itself: c = 1
-    assert s.choose() == 0
+    assert trained(0.99, t_draft=1.0 * T).choose() == 0  # the target drafting for itself: c = 1
 
 
 def test_verify_cost_that_grows_with_k_caps_k():
-    flat = trained(80, 20, t_draft=0.0, verify=lambda k: T)
-    steep = trained(80, 20, t_draft=0.0, verify=lambda k: T * (1 + 0.5 * k))  # compute-bound target
+    flat = trained(0.8, t_draft=0.0, verify=lambda k: T)
+    steep = trained(0.8, t_draft=0.0, verify=lambda k: T * (1 + 0.5 * k))  # compute-bound target
     assert steep.choose() < flat.choose()
+
+
+def run_plain_steps(s, n, probe_accepts=False):
+    """n steps of the loop: choose, then report the outcome (probes accepted or not)."""
+    picks = []
+    for _ in range(n):
+        k = s.choose()
+        picks.append(k)
+        s.update(k, k if probe_accepts else 0, 0.2 * T * k, T)
+    return picks
+
+
+def test_useless_draft_falls_back_to_plain_decoding_and_probes_ever_less():
+    s = trained(0.01, t_draft=0.2 * T)
+    picks = run_plain_steps(s, 8 + 16 + 32 + 64 + 128 + 128)
+    probes = [i for i, k in enumerate(picks) if k]
+    assert all(picks[i] == 1 for i in probes)
+    gaps = [b - a for a, b in zip([-1] + probes, probes)]
+    assert gaps == [8, 16, 32, 64, 128, 128]  # doubling while probes fail, up to max_probe_every
+
+
+def test_a_successful_probe_resets_the_interval():
+    s = trained(0.01, t_draft=0.2 * T)
+    run_plain_steps(s, 8 + 16 + 32)  # three failed probes: the interval is now 64
+    assert s.sources["model"].probe_every == 64
+    s.sources["model"].plain_steps = 63
+    assert s.choose() == 1
+    s.update(1, 1, 0.2 * T, T)
+    assert s.sources["model"].probe_every == 8
 
 
 def test_acceptance_estimate_follows_recent_steps():
     s = AdaptiveK(decay=0.5)
     for _ in range(10):
         s.update(4, 0, 0.001, T)  # every draft rejected
-    assert s.alpha < 0.05
+    assert s.alpha() < 0.05
     for _ in range(10):
         s.update(4, 4, 0.001, T)  # then every draft accepted
-    assert s.alpha > 0.9
+    assert s.alpha() > 0.9 and s.acceptance()[3] > 0.9
+
+
+def test_a_short_proposal_is_not_a_rejection():
+    s = AdaptiveK()
+    for _ in range(20):
+        s.update(2, 2, 0.0, T, "lookup")  # the match had only 2 tokens; both accepted
+    assert s.acceptance("lookup")[1] > 0.9 and s.sources["lookup"].tries[1] > 0
+    assert len(s.sources["lookup"].tries) == 2  # nothing learned about position 3
+
+
+def test_sources_keep_separate_statistics():
+    s = trained(0.95, t_draft=0.0, source="lookup")
+    for _ in range(30):
+        s.update(2, 0, 2 * 0.2 * T, T, "model")
+    assert s.alpha("lookup") > 0.9 and s.alpha("model") < 0.1
+    assert s.choose("lookup") >= 5
+    assert s.choose("model") == 0
+
+
+def test_verify_cost_is_a_line_fitted_to_noisy_passes():
+    s = AdaptiveK()
+    for k, t in [(0, T), (1, 1.1 * T), (2, 0.9 * T)] * 5:  # one lucky-looking k = 2
+        s.update(k, 0, 0.0, t)
+    assert s.verify_time(2) >= s.verify_time(1) >= s.verify_time(0)
+    s = AdaptiveK()
+    for k in [1, 2, 4] * 5:
+        s.update(k, 0, 0.0, T * (1 + 0.1 * k))
+    assert s.verify_time(8) == pytest.approx(T * 1.8, rel=1e-6)  # extrapolated along the line

@@ -215,12 +215,14 @@ def test_shipped_draft_is_small_and_complete(shipped_draft):
     source = SHIPPED_DRAFTS[DRAFT][0]
     shipped = sum(f.stat().st_size for f in source.iterdir())
     assert shipped <= 20 * 2**20, f"{shipped / 2**20:.1f} MB in git"
-    for name in ("NOTICE", "recipe.json", "train-log.jsonl", "shared.json", "config.json"):
+    for name in ("NOTICE", "recipe.json", "train-log.jsonl", "shared.json", "config.json", "head_tokens.json"):
         assert (source / name).exists(), name
     assert "Apache" in (source / "NOTICE").read_text()
     log = [json.loads(line) for line in (source / "train-log.jsonl").read_text().splitlines()]
     assert log[-1]["heldout_greedy_agreement"] > log[0]["heldout_greedy_agreement"]
     assert hf_checkpoint(DRAFT) == shipped_draft  # materialized once, then reused
+    head = json.loads((shipped_draft / "head_tokens.json").read_text())
+    assert len(head["token_ids"]) >= 8192 and head["heldout_coverage"] > 0.9
 
 
 def test_shipped_draft_loads_in_transformers_and_natively(shipped_draft, hf, tok):

@@ -61,6 +61,9 @@ class LanguageModel:
 
 
 class NativeLM(LanguageModel):
+    head = None  # (token ids, their lm_head rows) after restrict_head
+    head_tokens = None  # the checkpoint's suggested draft head (head_tokens.json); used by ModelDrafter
+
     def __init__(self, module: Llama, *, eos_token_ids, tokenizer=None, name="model", max_context=None):
         cfg = module.cfg
         limit = cfg.max_position_embeddings
@@ -76,6 +79,14 @@ class NativeLM(LanguageModel):
     def reset_state(self) -> None:
         self.cache = self.module.new_cache(0)
 
+    def restrict_head(self, token_ids) -> None:
+        """Score only `token_ids` from now on (the rest get -inf): a cheaper output head for
+        a draft. Applies to this object only, not to forks made before or the module."""
+        ids = self.as_tensor(token_ids)
+        if ids.ndim != 1 or ids.numel() == 0 or int(ids.min()) < 0 or int(ids.max()) >= self.vocab_size:
+            raise ValueError(f"head token ids must be a non-empty list of ids in [0, {self.vocab_size})")
+        self.head = (ids, self.module.lm_head.weight[ids].contiguous())
+
     @property
     def cache_len(self) -> int:
         return self.cache.length
@@ -86,7 +97,7 @@ class NativeLM(LanguageModel):
         self.cache.length = 0
 
     def forward(self, ids, last_only: bool = False) -> torch.Tensor:
-        return self.module(self.as_tensor(ids), self.cache, last_only=last_only)
+        return self.module(self.as_tensor(ids), self.cache, last_only=last_only, head=self.head)
 
     def rollback(self, length: int) -> None:
         if not 0 <= length <= self.cache.length:

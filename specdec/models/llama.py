@@ -206,11 +206,15 @@ class Llama(nn.Module):
         return KVCache(self.cfg, capacity, self.lm_head.weight.dtype, self.lm_head.weight.device)
 
     @torch.inference_mode()
-    def forward(self, tokens: torch.Tensor, cache: KVCache, last_only: bool = False) -> torch.Tensor:
+    def forward(self, tokens: torch.Tensor, cache: KVCache, last_only: bool = False,
+                head: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         """Run `tokens` (shape [T]) at positions cache.length .. cache.length+T-1.
 
         Appends their keys/values to the cache and returns float32 logits, shape [T, V]
         (or [1, V] with last_only, which skips the output head for a long prefill).
+        head: (token ids, their rows of lm_head) to score only those tokens; the others
+        get -inf. A draft's output head is most of its cost, and most of it is spent on
+        tokens the target hardly ever writes.
         """
         T, start = tokens.shape[0], cache.length
         if start + T > cache.capacity:
@@ -231,4 +235,10 @@ class Llama(nn.Module):
         cache.length = start + T
         if last_only:
             x = x[:, -1:]
-        return self.lm_head(self.model.norm(x))[0].float()
+        x = self.model.norm(x)[0]
+        if head is None:
+            return self.lm_head(x).float()
+        ids, rows = head
+        logits = torch.full((x.shape[0], self.cfg.vocab_size), -math.inf, device=x.device)
+        logits[:, ids] = F.linear(x, rows).float()
+        return logits

@@ -35,6 +35,8 @@ SHIPPED_DRAFTS = {
 # The draft the CLI uses for an embedded target unless told otherwise.
 DEFAULT_DRAFTS = {"smollm2-135m-instruct": "smollm2-135m-instruct-draft"}
 SHARED_TENSORS = ("model.embed_tokens.weight", "lm_head.weight")
+# A draft checkpoint may list the tokens its output head should score (see ModelDrafter).
+HEAD_TOKENS_FILE = "head_tokens.json"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json",
                    "generation_config.json")
 
@@ -110,7 +112,7 @@ def materialize_draft(source: Path, target: Path, out: Path) -> Path:
 
     `source` holds config.json, layers.safetensors and shared.json (which target tensors it
     shares, with their sha256, so a draft never runs on weights it was not trained with).
-    Redone whenever the shipped layers change; written atomically.
+    Redone whenever the shipped layers (or head token list) change; written atomically.
     """
     import shutil
 
@@ -119,7 +121,8 @@ def materialize_draft(source: Path, target: Path, out: Path) -> Path:
     layers = source / "layers.safetensors"
     if not layers.exists():
         raise FileNotFoundError(f"{layers} is missing from the installed package")
-    stamp = hashlib.sha256(layers.read_bytes()).hexdigest()
+    head = source / HEAD_TOKENS_FILE
+    stamp = hashlib.sha256(layers.read_bytes() + (head.read_bytes() if head.exists() else b"")).hexdigest()
     if (out / "source.sha256").exists() and (out / "source.sha256").read_text() == stamp:
         return out
     shared = json.loads((source / "shared.json").read_text())["sha256"]
@@ -139,7 +142,7 @@ def materialize_draft(source: Path, target: Path, out: Path) -> Path:
         if (target / name).exists():
             shutil.copy(target / name, tmp / name)
     for extra in source.iterdir():  # notice, recipe and training log travel with the weights
-        if extra.suffix in (".md", ".jsonl", ".txt") or extra.name in ("NOTICE", "recipe.json"):
+        if extra.suffix in (".md", ".jsonl", ".txt") or extra.name in ("NOTICE", "recipe.json", HEAD_TOKENS_FILE):
             shutil.copy(extra, tmp / extra.name)
     (tmp / "source.sha256").write_text(stamp)
     shutil.rmtree(out, ignore_errors=True)
@@ -223,8 +226,11 @@ def load_model(name_or_path=DEFAULT_MODEL, *, dtype=None, device="cpu") -> Langu
         hf = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch_dtype, use_safetensors=True,
                                                   trust_remote_code=False).to(device)
         return HFAdapter(hf, tokenizer=tokenizer, name=name)
-    return NativeLM(build_llama(cfg, files, torch_dtype, device), tokenizer=tokenizer, name=name,
-                    eos_token_ids=_generation_eos(path, config, tokenizer))
+    lm = NativeLM(build_llama(cfg, files, torch_dtype, device), tokenizer=tokenizer, name=name,
+                  eos_token_ids=_generation_eos(path, config, tokenizer))
+    if (path / HEAD_TOKENS_FILE).exists():
+        lm.head_tokens = json.loads((path / HEAD_TOKENS_FILE).read_text())["token_ids"]
+    return lm
 
 
 def build_llama(cfg: LlamaConfig, files, dtype, device) -> Llama:
