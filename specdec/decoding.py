@@ -299,16 +299,16 @@ def speculative_generate(model, draft, tokenizer, prompt, max_tokens: int, *, nu
     while not reason:
         ids = prompt_ids + out
         # Drafts past max_tokens - 1 could never be kept: the step always adds one target token.
-        k_step = k
+        source, k_step = None, k
         if schedule:
-            source = drafter.source(ids)
-            k_step = schedule.choose(source) if source else 0
+            sources = drafter.sources(ids)
+            source, k_step = schedule.choose(sources) if sources else (None, 0)
         k_step = min(k_step, max_tokens - len(out) - 1)
         spent = dict(stats.timings) if schedule else None  # the schedule learns from each step's costs
         drafted, q = [], None
         if k_step > 0:
             with timer("draft"):
-                drafted, q = drafter.propose(ids, k_step, params, gen)
+                drafted, q = drafter.propose(ids, k_step, params, gen, source)
         with timer("verify"):
             logits = model.forward([ids[-1]] + drafted)
             if params.greedy:

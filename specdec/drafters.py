@@ -6,8 +6,8 @@ them from (None when it is deterministic: q is then one-hot on each proposal).
 
     drafter.begin(capacity)                 before a generation
     drafter.prefill(prompt_ids)             read the prompt (a draft model fills its cache)
-    drafter.source(ids)                     which proposer would answer here (None: nothing to propose)
-    drafter.propose(ids, k, params, gen)    -> (tokens, q or None)
+    drafter.sources(ids)                    the proposers that could answer here, preferred first
+    drafter.propose(ids, k, params, gen, source=None)  -> (tokens, q or None)
     drafter.commit(ids)                     the accepted sequence after verification
 """
 from __future__ import annotations
@@ -38,12 +38,13 @@ class Drafter:
     def prefill(self, prompt_ids: list[int]) -> None:
         pass
 
-    def source(self, ids: list[int]) -> str | None:
-        """The proposer that would answer at this context ("model", "lookup"), or None when
-        there is nothing to propose; `num_draft_tokens="auto"` keeps statistics per source."""
-        return "model"
+    def sources(self, ids: list[int]) -> tuple[str, ...]:
+        """The proposers that could answer at this context, preferred first ("model",
+        "lookup3" for a 3-gram match, ...; none: nothing to propose). `num_draft_tokens="auto"`
+        keeps statistics per source and may pick any of them; a fixed k takes the first."""
+        return ("model",)
 
-    def propose(self, ids: list[int], k: int, params: SamplingParams, generator):
+    def propose(self, ids: list[int], k: int, params: SamplingParams, generator, source: str | None = None):
         raise NotImplementedError
 
     def commit(self, ids: list[int]) -> None:
@@ -64,12 +65,16 @@ class NgramDrafter(Drafter):
             raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
 
-    def source(self, ids):
-        return "lookup" if lookup(np.asarray(ids), 1, self.max_ngram, self.min_ngram) else None
+    def sources(self, ids):
+        # A longer matched n-gram is a better bet: each length is a source of its own.
+        match = find_match(np.asarray(ids), self.max_ngram, self.min_ngram)
+        return (f"lookup{match[1]}",) if match else ()
 
-    def propose(self, ids, k, params, generator):
+    def propose(self, ids, k, params, generator, source=None):
         start = time.perf_counter()
-        tokens = lookup(np.asarray(ids), k, self.max_ngram, self.min_ngram)
+        seq = np.asarray(ids)
+        match = find_match(seq, self.max_ngram, self.min_ngram)
+        tokens = seq[match[0]: match[0] + k].tolist() if match else []
         self.seconds += time.perf_counter() - start
         return tokens, None
 
@@ -77,17 +82,17 @@ class NgramDrafter(Drafter):
         return f"NgramDrafter(max_ngram={self.max_ngram}, min_ngram={self.min_ngram})"
 
 
-def lookup(seq: np.ndarray, k: int, max_ngram: int, min_ngram: int) -> list[int]:
-    """Continuation (up to k tokens) of the latest earlier match of the longest suffix n-gram."""
+def find_match(seq: np.ndarray, max_ngram: int, min_ngram: int) -> tuple[int, int] | None:
+    """The latest earlier occurrence of the longest suffix n-gram: (where its continuation
+    starts, n), or None."""
     L = len(seq)
     for n in range(min(max_ngram, L - 1), min_ngram - 1, -1):
         # Candidate starts i < L - n, so the match is not the suffix itself and has a continuation.
         windows = np.lib.stride_tricks.sliding_window_view(seq[:-1], n)
         hits = np.flatnonzero((windows == seq[L - n:]).all(axis=1))
         if hits.size:
-            i = int(hits[-1])
-            return seq[i + n: i + n + k].tolist()
-    return []
+            return int(hits[-1]) + n, n
+    return None
 
 
 class ModelDrafter(Drafter):
@@ -144,9 +149,12 @@ class ModelDrafter(Drafter):
         self._forward(prompt_ids, last_only=True)
         self.seconds += time.perf_counter() - start
 
-    def propose(self, ids, k, params, generator):
+    def propose(self, ids, k, params, generator, source=None):
         start = time.perf_counter()
         assert self._seen == ids[: len(self._seen)], "draft cache diverged from the accepted sequence"
+        if len(self._seen) >= len(ids):  # all seen (asked twice, say): rerun the last token for its logits
+            self.model.rollback(len(ids) - 1)
+            del self._seen[len(ids) - 1:]
         self._base = len(ids)
         logits = self._forward(ids[len(self._seen):], last_only=True)
         tokens, qs = [], []
@@ -184,8 +192,10 @@ class CompositeDrafter(Drafter):
     """Prompt lookup when the context has a match, else the model draft.
 
     A lookup costs microseconds and is right often where the output copies the input; the
-    model covers the rest. The choice depends only on the context, so each step's q is
-    that of the drafter that proposed (one-hot for a lookup), as the acceptance rule needs.
+    model covers the rest. With `num_draft_tokens="auto"` the schedule may also prefer the
+    model where a match is a poor bet (a lone repeated token, say), from how each source
+    has done so far. Either way the choice is made before anything is drawn, so each step's
+    q is that of the drafter that proposed (one-hot for a lookup), as the acceptance rule needs.
     """
 
     def __init__(self, model_draft, lookup: NgramDrafter | None = None, tokenizer=None, min_confidence: float = 0.0):
@@ -205,12 +215,14 @@ class CompositeDrafter(Drafter):
         self.model.prefill(prompt_ids)
         self.calls, self.seconds = self.model.calls, self.model.seconds
 
-    def source(self, ids):
-        return self.lookup.source(ids) or "model"
+    def sources(self, ids):
+        return self.lookup.sources(ids) + ("model",)
 
-    def propose(self, ids, k, params, generator):
-        tokens, q = self.lookup.propose(ids, k, params, generator)
-        if not tokens:  # no match: the model drafts (catching up on what it has not seen)
+    def propose(self, ids, k, params, generator, source=None):
+        tokens, q = [], None
+        if source != "model":
+            tokens, q = self.lookup.propose(ids, k, params, generator)
+        if not tokens:  # no match (or the schedule chose the model): the model drafts
             tokens, q = self.model.propose(ids, k, params, generator)
         self.calls, self.seconds = self.model.calls, self.lookup.seconds + self.model.seconds
         return tokens, q

@@ -11,9 +11,10 @@ runs: each p_i as an exponentially weighted hit rate (shrunk towards p_{i-1} whi
 position i has few observations), t_draft per drafted token, and t_verify(k) as a line
 fitted to the verify passes measured so far.
 
-Statistics are kept per *source*: a composite drafter answers with prompt lookup
-(free, right in runs) where the context has a match and with a model draft (costly,
-right ~1/3 of the time) elsewhere, and one blended estimate would fit neither.
+Statistics are kept per *source*: prompt lookup (free, right in runs, and the more
+often the longer the matched n-gram) and a model draft (costly, right ~1/3 of the time)
+differ too much for one blended estimate to fit either. Where a composite drafter has
+both a match and its model, the schedule takes whichever promises more.
 
 k = 0 is plain decoding: it wins when the draft is too slow or too often wrong. A
 schedule stuck at 0 would never learn that the draft got better, so after `probe_every`
@@ -115,18 +116,27 @@ class AdaptiveK:
             rates.append(tokens / (k * t_draft + self.verify_time(k)))
         return rates
 
-    def choose(self, source: str = "model") -> int:
-        s = self._source(source)
-        s.probing = False
-        if s.t_draft is None or not self.verify_n:
-            return min(2, self.k_max)  # nothing measured yet: start modestly
-        rates = self.expected_rates(source)
-        best = max(range(len(rates)), key=rates.__getitem__)
-        if best == 0:
-            s.plain_steps += 1
-            if s.plain_steps >= s.probe_every:
-                s.plain_steps, s.probing = 0, True
-                return 1
+    def choose(self, sources=("model",)) -> tuple[str, int]:
+        """The source (among those that can propose here) and k with the most expected
+        tokens per second; k = 0 is a plain step."""
+        for name in sources:
+            s = self._source(name)
+            s.probing = False
+            if s.t_draft is None or not self.verify_n:
+                return name, min(2, self.k_max)  # nothing measured yet: start modestly
+        best_rate, best = 0.0, (sources[0], 0)
+        for name in sources:
+            rates = self.expected_rates(name)
+            k = max(range(len(rates)), key=rates.__getitem__)
+            if rates[k] > best_rate:
+                best_rate, best = rates[k], (name, k)
+        if best[1] == 0:  # plain decoding: count towards each source's next probe
+            for name in sources:
+                s = self.sources[name]
+                s.plain_steps += 1
+                if s.plain_steps >= s.probe_every:
+                    s.plain_steps, s.probing = 0, True
+                    return name, 1
         return best
 
     def update(self, drafted: int, accepted: int, draft_seconds: float, verify_seconds: float,

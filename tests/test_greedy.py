@@ -137,6 +137,37 @@ def test_speculative_equals_greedy(prompt_name, draft_kind, k, models, reference
         assert 0 < res.stats.accepted < res.stats.drafted  # partial acceptance exercised
 
 
+def test_lookup_sources_and_proposals():
+    from specdec.sampling import SamplingParams
+
+    greedy = SamplingParams(0.0)
+    ngram = NgramDrafter(max_ngram=3)
+    ids = [1, 2, 3, 4, 5, 9, 2, 3, 4, 6, 7, 1, 2, 3]
+    assert ngram.sources(ids) == ("lookup3",)  # 1 2 3 was seen, followed by 4 5 9
+    assert ngram.propose(ids, 2, greedy, None) == ([4, 5], None)
+    assert ngram.sources([8, 2, 3, 4, 2, 3]) == ("lookup2",)  # the latest match of the longest suffix
+    assert ngram.propose([8, 2, 3, 4, 2, 3], 8, greedy, None) == ([4, 2, 3], None)
+    assert ngram.sources([1, 2, 3]) == () and ngram.propose([1, 2, 3], 4, greedy, None) == ([], None)
+
+
+def test_composite_proposes_from_the_chosen_source(models):
+    from specdec.sampling import SamplingParams
+
+    ids = PROMPTS["repeated"]
+    comp = CompositeDrafter(models["noisy"])
+    comp.begin(64)
+    comp.prefill(ids)
+    assert comp.sources(ids) == ("lookup3", "model")
+    looked_up, _ = comp.propose(ids, 3, SamplingParams(0.0), None)
+    assert looked_up == [8, 5, 6] and comp.calls == 1  # the lookup, as a fixed k would take
+    drafted, _ = comp.propose(ids, 3, SamplingParams(0.0), None, source="model")
+    assert comp.calls == 1 + 3  # the model ran (once per token)
+    model_only = ModelDrafter(models["noisy"])
+    model_only.begin(64)
+    model_only.prefill(ids)
+    assert drafted == model_only.propose(ids, 3, SamplingParams(0.0), None)[0]
+
+
 def test_accepted_per_position_reports_zero_rates():
     from specdec import Stats
 

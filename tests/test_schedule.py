@@ -33,23 +33,23 @@ def test_iid_acceptance_gives_the_leviathan_rate():
 
 
 def test_starts_modestly_before_measuring():
-    assert AdaptiveK(k_max=8).choose() == 2
-    assert AdaptiveK(k_max=1).choose() == 1
+    assert AdaptiveK(k_max=8).choose()[1] == 2
+    assert AdaptiveK(k_max=1).choose()[1] == 1
 
 
 def test_high_acceptance_cheap_draft_drafts_many():
-    assert trained(0.95, t_draft=0.1 * T).choose() >= 5
+    assert trained(0.95, t_draft=0.1 * T).choose()[1] >= 5
 
 
 def test_free_lookup_with_fair_acceptance_drafts():
-    assert trained(0.6, t_draft=0.0).choose() >= 3
+    assert trained(0.6, t_draft=0.0).choose()[1] >= 3
 
 
 def test_acceptance_in_runs_drafts_long_blocks():
     # Prompt lookup: the first token of a match is a coin flip, the rest of a quoted span follows.
     runs = trained([0.4] + [0.95] * 15, t_draft=0.0, k_max=16, verify=lambda k: T * (1 + 0.01 * k))
     iid = trained(0.4, t_draft=0.0, k_max=16, verify=lambda k: T * (1 + 0.01 * k))
-    assert runs.choose() >= 10 > iid.choose()
+    assert runs.choose()[1] >= 10 > iid.choose()[1]
 
 
 def test_unobserved_positions_follow_the_last_observed_one():
@@ -58,20 +58,20 @@ def test_unobserved_positions_follow_the_last_observed_one():
 
 
 def test_expensive_draft_is_not_worth_it_even_when_always_right():
-    assert trained(0.99, t_draft=1.0 * T).choose() == 0  # the target drafting for itself: c = 1
+    assert trained(0.99, t_draft=1.0 * T).choose()[1] == 0  # the target drafting for itself: c = 1
 
 
 def test_verify_cost_that_grows_with_k_caps_k():
     flat = trained(0.8, t_draft=0.0, verify=lambda k: T)
     steep = trained(0.8, t_draft=0.0, verify=lambda k: T * (1 + 0.5 * k))  # compute-bound target
-    assert steep.choose() < flat.choose()
+    assert steep.choose()[1] < flat.choose()[1]
 
 
 def run_plain_steps(s, n, probe_accepts=False):
     """n steps of the loop: choose, then report the outcome (probes accepted or not)."""
     picks = []
     for _ in range(n):
-        k = s.choose()
+        k = s.choose()[1]
         picks.append(k)
         s.update(k, k if probe_accepts else 0, 0.2 * T * k, T)
     return picks
@@ -91,7 +91,7 @@ def test_a_successful_probe_resets_the_interval():
     run_plain_steps(s, 8 + 16 + 32)  # three failed probes: the interval is now 64
     assert s.sources["model"].probe_every == 64
     s.sources["model"].plain_steps = 63
-    assert s.choose() == 1
+    assert s.choose()[1] == 1
     s.update(1, 1, 0.2 * T, T)
     assert s.sources["model"].probe_every == 8
 
@@ -119,8 +119,8 @@ def test_sources_keep_separate_statistics():
     for _ in range(30):
         s.update(2, 0, 2 * 0.2 * T, T, "model")
     assert s.alpha("lookup") > 0.9 and s.alpha("model") < 0.1
-    assert s.choose("lookup") >= 5
-    assert s.choose("model") == 0
+    assert s.choose(("lookup",))[1] >= 5
+    assert s.choose(("model",))[1] == 0
 
 
 def test_verify_cost_is_a_line_fitted_to_noisy_passes():
@@ -132,3 +132,19 @@ def test_verify_cost_is_a_line_fitted_to_noisy_passes():
     for k in [1, 2, 4] * 5:
         s.update(k, 0, 0.0, T * (1 + 0.1 * k))
     assert s.verify_time(8) == pytest.approx(T * 1.8, rel=1e-6)  # extrapolated along the line
+
+
+def test_picks_the_source_that_promises_more():
+    s = trained(0.6, t_draft=0.1 * T, source="model")
+    for _ in range(30):
+        s.update(2, 0, 0.0, T, "lookup1")  # lone-token matches: always wrong
+    assert s.choose(("lookup1", "model")) == ("model", s.choose(("model",))[1])
+    for _ in range(30):
+        s.update(4, 4, 0.0, T, "lookup3")  # long matches: always right
+    source, k = s.choose(("lookup3", "model"))
+    assert source == "lookup3" and k >= 8
+
+
+def test_an_unmeasured_source_is_tried_first():
+    s = trained(0.9, t_draft=0.0, source="lookup3")
+    assert s.choose(("lookup3", "model")) == ("model", 2)
