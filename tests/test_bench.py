@@ -298,3 +298,19 @@ def test_run_benchmark_with_draft_model(report_with_draft):
     assert ms["hf-assisted-draft-k2"]["k"] == 2
     assert all(ms[n]["drafter"] == "draft" for n in ("hf-assisted-draft", "hf-assisted-draft-k2",
                                                      "hf-assisted-draft-heuristic", "spec-draft-k2"))
+
+
+def test_time_per_token_is_taken_per_trial():
+    # With k = auto (or sampling) trials may write outputs of different lengths: each trial's
+    # time is divided by its own token count before the median.
+    from types import SimpleNamespace
+
+    from specdec.bench.runner import _per_prompt
+
+    rows = [{"method": "m", "prompt": "p", "trial": 0, "seconds": 1.0, "tokens": [1] * 10, "prefill_seconds": None,
+             "stats": None},
+            {"method": "m", "prompt": "p", "trial": 1, "seconds": 5.0, "tokens": [1] * 100, "prefill_seconds": None,
+             "stats": None}]
+    per = _per_prompt(rows, "m", [SimpleNamespace(id="p")])["p"]
+    assert per["per_token"] == pytest.approx((0.1 + 0.05) / 2)
+    assert per["seconds"] == 3.0 and len(per["tokens"]) == 10

@@ -4,8 +4,9 @@ Method: every method gets the same rendered prompts, max_tokens, target weights,
 thread count and stopping policy (the target's EOS ids). Model loading and the first
 (cold) call of each method are timed apart from the trials. Trials interleave methods
 with a rotating order, so slow drift of a shared machine hits all methods alike. Each
-prompt's time is the median over trials; speedups are paired per prompt (baseline time
-per token / method time per token) and averaged geometrically, with a bootstrap CI.
+prompt's time per token is the median over trials; speedups are paired per prompt
+(baseline time per token / method time per token) and averaged geometrically, with a
+bootstrap CI.
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from pathlib import Path
 import torch
 
 from .. import __version__
+from ..drafters import CompositeDrafter, ModelDrafter, NgramDrafter
 from ..models.loading import DEFAULT_MODEL, hf_checkpoint, load_model, resolve_dtype
 from . import methods as M
 from .stats import predicted_speedup, summarize_ratios
@@ -131,8 +133,6 @@ def measure_costs(target, drafts: dict, ks) -> dict:
 
 
 def build_methods(cfg: BenchConfig, target, draft_model, hf, hf_draft) -> list[M.Method]:
-    from ..drafters import CompositeDrafter, ModelDrafter, NgramDrafter
-
     # A fixed seed: each prompt's sampled output is the same in every trial, so trials time the same work.
     sp = dict(temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p, seed=0)
     ks = cfg.ks + (["auto"] if cfg.auto else [])
@@ -221,7 +221,9 @@ def _run(cfg: BenchConfig, progress: bool, log) -> dict:
     log(f"rendering {len(prompts)} prompts ...")
     render(prompts, target, target.tokenizer)
     methods = build_methods(cfg, target, draft_model, hf, hf_draft)
-    costs = measure_costs(target, {"draft": draft_model} if draft_model is not None else {}, cfg.ks)
+    # The draft as it drafts: through ModelDrafter, with the head its checkpoint lists (if any).
+    costs = measure_costs(target, {"draft": ModelDrafter(draft_model).model} if draft_model is not None else {},
+                          cfg.ks)
 
     # Cold latency: each method's first call, on the first prompt, outside the trials.
     cold = {}
@@ -245,13 +247,19 @@ def _run(cfg: BenchConfig, progress: bool, log) -> dict:
 
 
 def _per_prompt(records, method, prompts):
-    """prompt id -> (median seconds, tokens of trial 0, median prefill, stats of trial 0)."""
+    """prompt id -> (median seconds, median seconds per token, tokens of trial 0, median prefill,
+    stats of trial 0)."""
     out = {}
     for p in prompts:
         rows = [r for r in records if r["method"] == method and r["prompt"] == p.id]
         prefills = [r["prefill_seconds"] for r in rows if r["prefill_seconds"] is not None]
         first = min(rows, key=lambda r: r["trial"])
-        out[p.id] = {"seconds": statistics.median(r["seconds"] for r in rows), "tokens": first["tokens"],
+        # Per trial: with k = auto the choices follow measured times, so trials may draw
+        # different random numbers (sampling) or round near-ties differently (bfloat16) and
+        # write outputs of different lengths.
+        per_token = statistics.median(r["seconds"] / max(len(r["tokens"]), 1) for r in rows)
+        out[p.id] = {"seconds": statistics.median(r["seconds"] for r in rows), "per_token": per_token,
+                     "tokens": first["tokens"],
                      "first_seconds": first["seconds"],
                      "prefill": statistics.median(prefills) if prefills else None, "stats": first["stats"]}
     return out
@@ -293,8 +301,7 @@ def aggregate(cfg, prompts, methods, records, costs, cold, target) -> dict:
     out_methods = []
     for m in methods:
         per = _per_prompt(records, m.name, prompts)
-        ratios = {pid: (base[pid]["seconds"] / max(len(base[pid]["tokens"]), 1))
-                  / (v["seconds"] / max(len(v["tokens"]), 1)) for pid, v in per.items()}
+        ratios = {pid: base[pid]["per_token"] / v["per_token"] for pid, v in per.items()}
         seconds = sum(v["seconds"] for v in per.values())
         tokens = sum(len(v["tokens"]) for v in per.values())
         prefills = [v["prefill"] for v in per.values() if v["prefill"] is not None]
