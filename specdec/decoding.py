@@ -169,11 +169,20 @@ def check_context(limit: int | None, who: str, n_prompt: int, max_tokens: int) -
                          f"{who}'s context of {limit} tokens")
 
 
+def _vocab_fingerprint(tokenizer) -> int:
+    # get_vocab() builds a 49k-entry dict (~30 ms): do it once per tokenizer object, not per call.
+    fingerprint = getattr(tokenizer, "_specdec_vocab_fingerprint", None)
+    if fingerprint is None:
+        fingerprint = hash(frozenset(tokenizer.get_vocab().items()))
+        tokenizer._specdec_vocab_fingerprint = fingerprint
+    return fingerprint
+
+
 def check_same_vocab(target: LanguageModel, drafter: Drafter, tokenizer) -> None:
     t_tok = target.tokenizer or tokenizer
     d_tok = drafter.tokenizer
     if t_tok is not None and d_tok is not None and t_tok is not d_tok:
-        if t_tok.get_vocab() != d_tok.get_vocab():
+        if _vocab_fingerprint(t_tok) != _vocab_fingerprint(d_tok):
             raise ValueError("the draft's tokenizer differs from the target's: speculative decoding "
                              "needs a shared vocabulary")
     if drafter.vocab_size is not None and drafter.vocab_size != target.vocab_size:

@@ -147,3 +147,26 @@ def test_draft_with_a_shorter_context(models, no_compute):
     short = transformers.GPT2LMHeadModel(cfg).eval()
     with pytest.raises(ValueError, match="context"):
         speculative_generate(models["target"], short, None, [1] * 10, 40)
+
+
+class CountingTokenizer:
+    """Just what the vocabulary check reads, counting how often it builds the vocabulary."""
+
+    def __init__(self, vocab):
+        self.vocab, self.built = vocab, 0
+
+    def get_vocab(self):
+        self.built += 1
+        return dict(self.vocab)
+
+
+def test_draft_with_another_vocabulary_is_refused_and_checked_once(models, no_compute):
+    from specdec import ModelDrafter
+
+    mine = CountingTokenizer({"a": 0, "b": 1})
+    theirs = CountingTokenizer({"a": 0, "c": 1})
+    drafter = ModelDrafter(models["draft"], tokenizer=theirs)
+    for _ in range(2):
+        with pytest.raises(ValueError, match="tokenizer differs"):
+            speculative_generate(models["target"], drafter, mine, PROMPT, 8)
+    assert mine.built == theirs.built == 1  # fingerprinted once per tokenizer, not per call
