@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Reproduces the runs behind the shipped draft's numbers in README.md and
-# docs/benchmark.md ("The shipped draft"): about 50 minutes on 2 cores.
+# docs/benchmark.md ("The shipped draft"): about 60 minutes on 2 cores.
 # Usage: bash scripts/bench_draft.sh [OUT_DIR]   (default bench-runs/)
 set -euo pipefail
 cd "$(dirname "$0")/.."
