@@ -64,19 +64,29 @@ class NgramDrafter(Drafter):
         if not 1 <= min_ngram <= max_ngram:
             raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
+        # (the sequence last searched, its length, the match): the loop's sources() then
+        # propose() on one step's sequence search it once. Holding the list keeps its id unique.
+        self._last = None
+
+    def begin(self, capacity: int) -> None:
+        super().begin(capacity)
+        self._last = None
+
+    def _match(self, ids):
+        if self._last is None or self._last[0] is not ids or self._last[1] != len(ids):
+            start = time.perf_counter()
+            self._last = ids, len(ids), find_match(np.asarray(ids), self.max_ngram, self.min_ngram)
+            self.seconds += time.perf_counter() - start
+        return self._last[2]
 
     def sources(self, ids):
         # A longer matched n-gram is a better bet: each length is a source of its own.
-        match = find_match(np.asarray(ids), self.max_ngram, self.min_ngram)
+        match = self._match(ids)
         return (f"lookup{match[1]}",) if match else ()
 
     def propose(self, ids, k, params, generator, source=None):
-        start = time.perf_counter()
-        seq = np.asarray(ids)
-        match = find_match(seq, self.max_ngram, self.min_ngram)
-        tokens = seq[match[0]: match[0] + k].tolist() if match else []
-        self.seconds += time.perf_counter() - start
-        return tokens, None
+        match = self._match(ids)
+        return (ids[match[0]: match[0] + k] if match else []), None
 
     def __repr__(self) -> str:
         return f"NgramDrafter(max_ngram={self.max_ngram}, min_ngram={self.min_ngram})"
