@@ -331,8 +331,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--batch-tokens", type=_positive_int, default=4096, help="label positions per step")
     t.add_argument("--lr", type=_float, default=1e-3)
     t.add_argument("--seed", type=_int, default=0)
-    t.add_argument("--head-tokens", type=_int, default=8192, help="tokens the draft's output head scores when "
-                   "drafting: the ones the target writes most (0: all; the checkpoint itself keeps the full head)")
+    t.add_argument("--head-tokens", type=_int, default=8192, help="tokens the draft's output head scores, in "
+                   "training and drafting: the ones the target writes most (0: all; the checkpoint keeps the full head)")
     t.add_argument("--threads", type=_positive_int, default=None)
     t.add_argument("--ship", default=None, help="also write the draft without the target's shared weights here "
                    "(how a draft ships in a package; rebuilt on first load)")

@@ -32,6 +32,7 @@ import torch
 import torch.nn.functional as F
 
 STATE_FILE = "train-state.pt"
+PASSAGE_TOKENS = 192  # length of the passages the target writes to be summarized
 LOG_FILE = "train-log.jsonl"
 
 
@@ -55,7 +56,7 @@ class DistillConfig:
     eval_every: int = 250
     save_every: int = 250
     seed: int = 0
-    head_tokens: int = 8192  # tokens the draft's head scores at inference (most written by the target); 0: all
+    head_tokens: int = 8192  # tokens the draft's head scores, in training and drafting (most written by the target); 0: all
     threads: int | None = None
     command: list[str] = field(default_factory=list)  # the command line, recorded in recipe.json
 
@@ -116,7 +117,7 @@ def generate_data(cfg: DistillConfig, progress=True) -> Path:
     from tqdm import tqdm
 
     from .bench.suite import HISTORY_TOKENS, load_suite
-    from .distill_prompts import training_conversations
+    from .distill_prompts import passage_requests, training_conversations
     from .models.loading import hf_checkpoint
 
     data = Path(cfg.out) / "data"
@@ -133,7 +134,23 @@ def generate_data(cfg: DistillConfig, progress=True) -> Path:
     eos = {tokenizer.eos_token_id, *([model.generation_config.eos_token_id] if isinstance(
         model.generation_config.eos_token_id, int) else model.generation_config.eos_token_id or [])} - {None}
     bench = {turn for p in load_suite() for turn in p.turns}
-    convs = training_conversations(cfg.prompts, cfg.seed, exclude=bench)
+
+    # The target first writes short reports and stories, then is asked to summarize them.
+    passages_file = data / "passages.json"
+    if passages_file.exists():
+        written = json.loads(passages_file.read_text())
+    else:
+        requests, written = passage_requests(cfg.prompts // 8, cfg.seed), []
+        for s in tqdm(range(0, len(requests), cfg.gen_batch), desc="target writes passages", unit="batch",
+                      disable=not progress):
+            ids = [encode(_render(tokenizer, [r], [])) for r in requests[s:s + cfg.gen_batch]]
+            for comp, _, _ in target_writes(model, ids, PASSAGE_TOKENS, 0, 1, eos, pad):
+                text = tokenizer.decode(comp, skip_special_tokens=True).strip()
+                text = text[: text.rfind(".") + 1]  # whole sentences only
+                if len(text) >= 250:
+                    written.append(" ".join(text.split()))
+        passages_file.write_text(json.dumps(written))
+    convs = training_conversations(cfg.prompts, cfg.seed, exclude=bench, written=written)
 
     # Earlier turns of a two-turn conversation get the target's own short greedy reply first.
     replies: dict[int, list[str]] = {}
@@ -142,7 +159,8 @@ def generate_data(cfg: DistillConfig, progress=True) -> Path:
         replies = {int(k): v for k, v in json.loads(history_file.read_text()).items()}
     else:
         multi = [i for i, c in enumerate(convs) if len(c) > 1]
-        for s in range(0, len(multi), cfg.gen_batch):
+        for s in tqdm(range(0, len(multi), cfg.gen_batch), desc="target writes first replies", unit="batch",
+                      disable=not progress):
             batch = multi[s:s + cfg.gen_batch]
             ids = [encode(_render(tokenizer, convs[i][:1], [])) for i in batch]
             for i, (comp, _, _) in zip(batch, target_writes(model, ids, HISTORY_TOKENS, 0, 1, eos, pad)):
@@ -286,45 +304,83 @@ def label_hidden(draft, batch: list[Example]):
     return hidden[rows, cols]
 
 
-def distill_loss(logits: torch.Tensor, top_ids: torch.Tensor, top_logp: torch.Tensor) -> torch.Tensor:
-    """Forward KL from the target's (renormalized) top-k distribution to the draft's."""
-    p = top_logp.softmax(-1)
-    logq = logits.float().log_softmax(-1).gather(-1, top_ids)
-    return -(p * logq).sum(-1).mean() + (p * p.clamp_min(1e-30).log()).sum(-1).mean()
+class Head:
+    """The rows of the output head the draft scores: all of them, or the head-token list
+    (what ModelDrafter scores at inference, so training optimizes exactly what is used;
+    it also makes a training step about 4x cheaper, the full head dominating its cost)."""
+
+    def __init__(self, vocab_size: int, ids: torch.Tensor | None = None):
+        self.ids = ids
+        self.column = torch.arange(vocab_size) if ids is None else torch.full((vocab_size,), -1, dtype=torch.long)
+        if ids is not None:
+            self.column[ids] = torch.arange(len(ids))
+
+    def logits(self, draft, hidden: torch.Tensor) -> torch.Tensor:
+        weight = draft.lm_head.weight if self.ids is None else draft.lm_head.weight[self.ids]
+        return F.linear(hidden, weight)
+
+    def token(self, column: torch.Tensor) -> torch.Tensor:
+        return column if self.ids is None else self.ids[column]
 
 
-def batches(examples: list[Example], batch_tokens: int, rng: random.Random):
-    """An endless stream of batches with about `batch_tokens` label positions each."""
-    batch, n = [], 0  # a batch may span two passes over the data
+def distill_loss(logits: torch.Tensor, top_cols: torch.Tensor, top_logp: torch.Tensor) -> torch.Tensor:
+    """Forward KL from the target's top-k distribution, renormalized over the tokens the draft
+    scores (`top_cols`: their columns in `logits`, -1 for the others), to the draft's."""
+    scored = top_cols >= 0
+    rows = scored.any(-1)  # a position whose top-k is all unscored teaches nothing
+    p = top_logp.masked_fill(~scored, float("-inf"))[rows].softmax(-1)
+    logq = logits[rows].float().log_softmax(-1).gather(-1, top_cols[rows].clamp_min(0))
+    return (p * (p.clamp_min(1e-30).log() - logq)).sum(-1).mean()
+
+
+def batches(examples: list[Example], batch_tokens: int, rng: random.Random, pool: int = 16):
+    """An endless stream of batches with about `batch_tokens` label positions each.
+
+    Examples of similar length share a batch, because a batch is padded to its longest
+    example (prompts run from 20 to 500 tokens, so a random batch is half padding): each
+    shuffled pass is cut into pools of about `pool` batches, each pool is sorted by length
+    and cut into batches, and a pool's batches come in random order."""
     while True:
         order = examples[:]
         rng.shuffle(order)
-        for e in order:
-            batch.append(e)
-            n += len(e.top_ids)
-            if n >= batch_tokens:
-                yield batch
-                batch, n = [], 0
+        start = 0
+        while start < len(order):
+            end, labels = start, 0
+            while end < len(order) and labels < pool * batch_tokens:
+                labels += len(order[end].top_ids)
+                end += 1
+            group = sorted(order[start:end], key=lambda e: len(e.tokens))
+            cut, n = [[]], 0
+            for e in group:
+                if n >= batch_tokens:
+                    cut.append([])
+                    n = 0
+                cut[-1].append(e)
+                n += len(e.top_ids)
+            rng.shuffle(cut)
+            yield from cut
+            start = end
 
 
 @torch.no_grad()
-def agreement(draft, examples: list[Example]) -> float:
-    """Fraction of positions where the draft's argmax is the target's argmax."""
+def agreement(draft, examples: list[Example], head: Head) -> float:
+    """Fraction of positions where the draft's argmax (over its head) is the target's argmax."""
     hits = total = 0
     draft.eval()
     for s in range(0, len(examples), 8):
         chunk = examples[s:s + 8]
         with torch.autocast("cpu", dtype=torch.bfloat16):
-            logits = draft.lm_head(label_hidden(draft, chunk))
+            logits = head.logits(draft, label_hidden(draft, chunk))
         target = torch.cat([e.top_ids[:, 0] for e in chunk])
-        hits += int((logits.argmax(-1) == target).sum())
+        hits += int((head.token(logits.argmax(-1)) == target).sum())
         total += len(target)
     draft.train()
     return hits / max(total, 1)
 
 
-def train(cfg: DistillConfig, examples: list[Example], target, progress=True):
-    """Train (or resume training) a draft initialized from `target` (a transformers model)."""
+def train(cfg: DistillConfig, examples: list[Example], target, progress=True, head_ids: torch.Tensor | None = None):
+    """Train (or resume training) a draft initialized from `target` (a transformers model),
+    scoring only the tokens `head_ids` if given (see `head_token_ids`)."""
     from tqdm import tqdm
 
     out = Path(cfg.out)
@@ -334,6 +390,7 @@ def train(cfg: DistillConfig, examples: list[Example], target, progress=True):
     if not train_set or not held:
         raise ValueError("no training data: generate_data made no usable examples")
     draft = init_draft(target, cfg)
+    head = Head(draft.config.vocab_size, head_ids)
     params = [p for p in draft.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
     step, rng_state = 0, None
@@ -351,7 +408,7 @@ def train(cfg: DistillConfig, examples: list[Example], target, progress=True):
         torch.set_rng_state(rng_state)
     log = (out / LOG_FILE).open("a")
     if step == 0:
-        a = agreement(draft, held)
+        a = agreement(draft, held, head)
         log.write(json.dumps({"step": 0, "heldout_greedy_agreement": round(a, 4)}) + "\n")
         log.flush()
     bar = tqdm(total=cfg.steps, initial=step, desc="distill", unit="step", disable=not progress)
@@ -362,8 +419,9 @@ def train(cfg: DistillConfig, examples: list[Example], target, progress=True):
         for g in opt.param_groups:
             g["lr"] = _lr(step, cfg)
         with torch.autocast("cpu", dtype=torch.bfloat16):
-            logits = draft.lm_head(label_hidden(draft, batch))
-        loss = distill_loss(logits, torch.cat([e.top_ids for e in batch]), torch.cat([e.top_logp for e in batch]))
+            logits = head.logits(draft, label_hidden(draft, batch))
+        top_cols = head.column[torch.cat([e.top_ids for e in batch])]
+        loss = distill_loss(logits, top_cols, torch.cat([e.top_logp for e in batch]))
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -373,7 +431,7 @@ def train(cfg: DistillConfig, examples: list[Example], target, progress=True):
         bar.update()
         bar.set_postfix(loss=f"{losses[-1]:.3f}")
         if step % cfg.eval_every == 0 or step == cfg.steps:
-            a = agreement(draft, held)
+            a = agreement(draft, held, head)
             row = {"step": step, "loss": round(sum(losses) / len(losses), 4), "lr": _lr(step - 1, cfg),
                    "heldout_greedy_agreement": round(a, 4), "seconds": round(time.perf_counter() - start, 1)}
             log.write(json.dumps(row) + "\n")
@@ -404,25 +462,35 @@ def save_draft(draft, target_path: Path, out: Path) -> None:
             shutil.copy(target_path / name, out / name)
 
 
-def write_head_tokens(cfg: DistillConfig, examples: list[Example], vocab_size: int, eos_ids, out: Path) -> None:
-    """head_tokens.json: the cfg.head_tokens tokens the target wrote most often in the training
-    completions, plus its end tokens, and how much of the held-out completions they cover.
-    A draft whose head scores only these costs much less per token (see ModelDrafter)."""
-    from .models.loading import HEAD_TOKENS_FILE
+def _written(e: Example) -> torch.Tensor:
+    return e.tokens[e.prompt_len:]
 
-    path = Path(out) / HEAD_TOKENS_FILE
+
+def head_token_ids(cfg: DistillConfig, examples: list[Example], vocab_size: int, eos_ids) -> torch.Tensor | None:
+    """The cfg.head_tokens tokens the target wrote most often in the training completions,
+    plus its end tokens, sorted; None for the full vocabulary (head_tokens 0 or >= it).
+    A draft whose head scores only these costs much less per token (see ModelDrafter)."""
     if not cfg.head_tokens or cfg.head_tokens >= vocab_size:
-        path.unlink(missing_ok=True)
-        return
-    written = lambda e: e.tokens[e.prompt_len:]  # noqa: E731
-    counts = torch.bincount(torch.cat([written(e) for e in examples if e.prompt >= cfg.heldout]),
+        return None
+    counts = torch.bincount(torch.cat([_written(e) for e in examples if e.prompt >= cfg.heldout]),
                             minlength=vocab_size)
     keep = torch.zeros(vocab_size, dtype=torch.bool)
     keep[counts.argsort(descending=True, stable=True)[: cfg.head_tokens]] = True
     keep[list(eos_ids)] = True
-    held = torch.cat([written(e) for e in examples if e.prompt < cfg.heldout])
-    coverage = float(keep[held].float().mean())
-    path.write_text(json.dumps({"heldout_coverage": round(coverage, 4), "token_ids": keep.nonzero()[:, 0].tolist()}) + "\n")
+    return keep.nonzero()[:, 0]
+
+
+def write_head_tokens(ids: torch.Tensor | None, examples: list[Example], heldout: int, out: Path) -> None:
+    """head_tokens.json: the list, and how much of the held-out completions it covers (none: no file)."""
+    from .models.loading import HEAD_TOKENS_FILE
+
+    path = Path(out) / HEAD_TOKENS_FILE
+    if ids is None:
+        path.unlink(missing_ok=True)
+        return
+    held = torch.cat([_written(e) for e in examples if e.prompt < heldout])
+    coverage = float(torch.isin(held, ids).float().mean())
+    path.write_text(json.dumps({"heldout_coverage": round(coverage, 4), "token_ids": ids.tolist()}) + "\n")
 
 
 def export_shipped(run: Path, dest: Path, target: str) -> Path:
@@ -488,7 +556,7 @@ def distill(cfg: DistillConfig, progress=True) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     recipe = out / "recipe.json"
     if recipe.exists():
-        free = ("command", "threads", "out", "head_tokens")  # these do not change what is trained
+        free = ("command", "threads", "out")  # these do not change what is trained
         old = {k: v for k, v in json.loads(recipe.read_text()).items() if k not in free}
         new = {k: v for k, v in asdict(cfg).items() if k not in free}
         if old != new:
@@ -500,10 +568,11 @@ def distill(cfg: DistillConfig, progress=True) -> Path:
     target = AutoModelForCausalLM.from_pretrained(str(target_path), dtype=torch.float32, use_safetensors=True,
                                                   trust_remote_code=False)
     examples = load_data(data)
-    draft = train(cfg, examples, target, progress)
     eos_ids = eos_ids_of(target.generation_config) + eos_ids_of(target.config)
+    head_ids = head_token_ids(cfg, examples, target.config.vocab_size, eos_ids)
+    draft = train(cfg, examples, target, progress, head_ids)
     del target
     save_draft(draft, target_path, out)
-    write_head_tokens(cfg, examples, draft.config.vocab_size, eos_ids, out)
+    write_head_tokens(head_ids, examples, cfg.heldout, out)
     plot_log(out)
     return out

@@ -3,6 +3,9 @@
 Nothing may be downloaded, so the prompts are composed from templates and from text that
 ships with Python itself: prose from the bundled documentation (`pydoc_data`) for
 summaries and passage questions, source code of the standard library for code edits.
+Passages to summarize or answer questions about also come from the target itself: it
+first writes short reports and stories (`passage_requests`), so that the draft also sees
+the target summarizing everyday prose, not only technical documentation.
 The mix mirrors the bench's task categories, but no bench prompt is reused (the bench
 measures a draft on prompts it never trained on; `distill` checks this).
 """
@@ -38,7 +41,8 @@ QUESTION_TEMPLATES = [
     "Give three interesting facts about {t}.", "Explain {t} to a ten-year-old.",
     "What are the main advantages and disadvantages of {t}?", "Write a short paragraph about {t}.",
     "What is a common misconception about {t}?", "Describe the history of {t} in a few sentences.",
-    "List five key terms related to {t} and define each one.",
+    "List five key terms related to {t} and define each one.", "How has {t} changed over the last hundred years?",
+    "What would happen if there were no {t}?", "Summarize what scientists know about {t}.",
 ]
 ADVICE = [
     "I have trouble focusing when I study at home. What can I do?", "How can I get better at {t}?",
@@ -47,8 +51,94 @@ ADVICE = [
     "How do I stay motivated when learning something new like {t}?",
     "What questions should I ask an expert on {t}?",
 ]
+REQUESTS = [
+    "Tell me a short story about {who} who {goal}.", "Can you suggest a name for {business}?",
+    "Help me plan {event}.", "I am going on {trip}. What should I pack?",
+    "What is a thoughtful gift for {person} who likes {t}?", "What are some good habits for {area}?",
+    "Write a short poem about {t}.", "Give me a simple recipe for {dish}.",
+    "Write a polite email to {person} about {matter}.", "I have {time} free this afternoon. What could I do?",
+    "What should I practice in my first month of {skill}?", "How should I structure a short talk about {t}?",
+]
+SLOTS = dict(
+    who=["a cat", "an old lighthouse keeper", "a young inventor", "a lost robot", "a shy dragon", "two friends",
+         "a baker", "a little fox", "a retired pilot", "a girl with a red kite"],
+    goal=["wants to see the sea", "finds a secret door", "learns to sing", "builds a boat", "makes a new friend",
+          "loses a key", "wins a race", "plants a garden", "travels to the city", "fixes an old clock"],
+    business=["a coffee shop near a university", "a dog grooming service", "a bike repair shop",
+              "a small bookstore", "a flower stall", "a tutoring company", "a food truck that sells tacos"],
+    event=["a birthday party for a six-year-old", "a family picnic", "a study schedule for my exams",
+           "a day in a new city", "a team lunch for ten people", "a movie night with friends",
+           "a week of healthy breakfasts", "a garage sale"],
+    trip=["a beach holiday", "a business trip", "a camping weekend", "a week in a cold city",
+          "a long train journey", "a hiking trip in the desert"],
+    person=["my neighbor", "my manager", "a coworker", "my grandmother", "my landlord", "a teacher",
+            "my best friend", "a customer"],
+    area=["working from home", "saving money", "sleeping well", "studying for exams", "staying organized",
+          "eating healthy", "keeping a clean kitchen"],
+    dish=["vegetable soup", "pancakes", "a tomato pasta", "fried rice", "a fruit salad", "banana bread", "an omelette"],
+    matter=["a late payment", "a meeting next week", "a noisy party", "a broken heater", "a project deadline",
+            "a thank-you for their help"],
+    time=["two hours", "one hour", "three hours"],
+    skill=["learning the piano", "drawing", "learning to code", "running", "photography", "yoga", "chess"],
+)
+PEOPLE = ["Isaac Newton", "Ada Lovelace", "Leonardo da Vinci", "Charles Darwin", "Albert Einstein",
+          "Florence Nightingale", "Nikola Tesla", "Galileo Galilei", "Jane Austen", "William Shakespeare",
+          "Louis Pasteur", "Alan Turing", "Wolfgang Amadeus Mozart", "Julius Caesar", "Cleopatra",
+          "Christopher Columbus", "Thomas Edison", "Rosalind Franklin", "Johannes Gutenberg", "Frida Kahlo"]
+COUNTRIES = ["Canada", "Japan", "Brazil", "Kenya", "Norway", "Egypt", "Mexico", "India", "Spain", "Chile",
+             "Thailand", "Poland", "Peru", "Ghana", "Vietnam", "New Zealand"]
+PAIRS = [("weather", "climate"), ("a virus", "a bacterium"), ("speed", "velocity"), ("a lake", "a sea"),
+         ("an asteroid", "a comet"), ("mass", "weight"), ("a democracy", "a monarchy"), ("RAM", "storage"),
+         ("a frog", "a toad"), ("a hurricane", "a tornado"), ("saving", "investing"), ("a star", "a planet")]
+WHY = ["Why do leaves change color in autumn?", "Why is the ocean salty?", "Why do cats purr?",
+       "Why do we get hiccups?", "Why does ice float on water?", "Why do stars twinkle?",
+       "Why do onions make people cry?", "Why is the sunset red?", "Why do birds fly south for the winter?",
+       "Why does bread rise?", "Why do we dream?", "Why do metals feel cold to the touch?"]
+FOREIGN = {  # (subjects, actions, times) in each language, composed like the English SUBJECTS, ACTIONS, TIMES
+    "French": (["Ma sœur", "Le professeur", "Notre voisin", "Le petit chien", "Mon grand-père", "Le chef"],
+               ["lit un livre", "va au marché", "prépare le dîner", "joue du piano", "écrit une lettre",
+                "boit un café"],
+               ["chaque matin", "le dimanche", "après le travail", "le soir", "en été", "avec ses amis"]),
+    "Spanish": (["Mi hermana", "El profesor", "Nuestro vecino", "El perro pequeño", "Mi abuelo", "El cocinero"],
+                ["lee un libro", "va al mercado", "prepara la cena", "toca el piano", "escribe una carta",
+                 "bebe un café"],
+                ["cada mañana", "los domingos", "después del trabajo", "por la noche", "en verano",
+                 "con sus amigos"]),
+    "German": (["Meine Schwester", "Der Lehrer", "Unser Nachbar", "Der kleine Hund", "Mein Großvater", "Der Koch"],
+               ["liest ein Buch", "geht zum Markt", "kocht das Abendessen", "spielt Klavier", "schreibt einen Brief",
+                "trinkt einen Kaffee"],
+               ["jeden Morgen", "am Sonntag", "nach der Arbeit", "am Abend", "im Sommer", "mit seinen Freunden"]),
+}
+PASSAGE_REQUESTS = [
+    "Write a short news report about {t} in the town of {town}.",
+    "Write a paragraph describing a study by researchers in {town} about {t}.",
+    "Write a short article about how a small {shop} in {town} changed the way it works.",
+    "Write a short story about {who} who {goal}.",
+    "Describe a community project about {t} in the village of {town}.",
+]
+TOWNS = ["Maplewood", "Stonebridge", "Clearwater", "Ashford", "Little Hollow", "Port Ellery", "Greenfield",
+         "Redcliff", "Westbury", "Fairhaven", "Oakdale", "Silverlake"]
+SHOPS = ["bakery", "bookstore", "bike shop", "cafe", "pharmacy", "garden center", "hardware store", "clinic"]
+MATH = [
+    "Solve step by step: {who} has {a} {item} and buys {b} more, then gives away {c}. How many are left?",
+    "Solve step by step: {who} packs {ac} {item} into boxes of {c}. How many boxes are needed?",
+    "What is {a} times {b} plus {c}? Show your work.",
+    "Solve step by step: A train travels {a} km per hour for {c} hours. How far does it go?",
+    "Solve for x: {c}x + {a} = {a_cb}. Explain each step.",
+    "{who} saves {b} dollars a week. How many weeks until {who} has {ab} dollars?",
+    "Solve step by step: A rectangle is {a} cm long and {b} cm wide. What are its area and perimeter?",
+    "Solve step by step: A jacket costs ${a}0 and is {pct}% off. What is the sale price?",
+    "Solve step by step: {who} scored {a}, {b}, and {c} points in three games. What is the average?",
+    "Solve step by step: {c} friends share {ac} {item} equally. How many does each friend get?",
+    "Solve step by step: A recipe uses {c} eggs for {b} pancakes. How many eggs are needed for {bc2} pancakes?",
+    "Solve step by step: {who} is {c} years old. A cousin is {b} years older. How old will the cousin be in {a} years?",
+    "Solve step by step: A tank holds {ab} liters and fills at {b} liters per minute. How long does it take to fill?",
+    "Solve step by step: {who} buys {c} notebooks at ${b} each and pays with ${hund}. How much change is left?",
+]
 FOLLOW_UPS = ["Can you give an example?", "Can you make that shorter?", "Why is that?",
-              "What should I do first?", "Can you explain that in simpler words?"]
+              "What should I do first?", "Can you explain that in simpler words?", "Can you give me two more ideas?",
+              "Which of those would you pick, and why?", "Thanks! Can you turn that into a short list?",
+              "What if I only have a small budget?", "Can you make it funnier?"]
 LANGUAGES = ["French", "Spanish", "German", "Italian", "Portuguese"]
 SUBJECTS = ["My sister", "The teacher", "Our neighbor", "The small dog", "A young doctor", "The old farmer",
             "Every student", "The chef", "My grandfather", "The team"]
@@ -81,6 +171,26 @@ FUNCTIONS = [
     ("run_length_encode(text)", "compresses a string with run-length encoding"),
     ("average_grade(grades)", "returns the average of a list of grades, or None if empty"),
     ("dedupe_keep_order(items)", "removes duplicates while keeping the original order"),
+    ("is_anagram(a, b)", "checks whether two words are anagrams of each other"),
+    ("factorial(n)", "returns n factorial, computed iteratively"),
+    ("sum_of_digits(n)", "returns the sum of the digits of a non-negative integer"),
+    ("longest_word(sentence)", "returns the longest word in a sentence"),
+    ("remove_punctuation(text)", "removes all punctuation characters from a string"),
+    ("count_words(text)", "returns the number of words in a string"),
+    ("max_profit(prices)", "returns the best profit from buying and then selling once, given daily prices"),
+    ("pairs_with_sum(numbers, target)", "returns all pairs of numbers that add up to target"),
+    ("title_case(text)", "converts a sentence to title case, keeping small words like 'and' lowercase"),
+    ("median(values)", "returns the median of a list of numbers"),
+    ("common_elements(a, b)", "returns the elements two lists have in common, without duplicates"),
+    ("caesar_cipher(text, shift)", "shifts every letter of a string by a given number of places"),
+    ("is_balanced(brackets)", "checks whether the brackets in a string are balanced"),
+    ("digits_to_words(n)", "spells out each digit of a number as a word"),
+    ("group_by_length(words)", "groups words into a dictionary keyed by their length"),
+    ("running_total(values)", "returns the running totals of a list of numbers"),
+    ("count_uppercase(text)", "counts the uppercase letters in a string"),
+    ("leap_year(year)", "returns True if a year is a leap year"),
+    ("min_max(values)", "returns the smallest and largest values of a list as a tuple, or None if empty"),
+    ("parse_key_values(text)", "parses lines like 'key=value' into a dictionary"),
 ]
 CODE_LANGS = ["Python", "Python", "Python", "JavaScript"]
 EDITS = [
@@ -89,16 +199,25 @@ EDITS = [
     "Explain what this code does, line by line.", "Rewrite this code to be more readable.",
     "Find a possible bug in this code and fix it.", "Add comments explaining the tricky parts.",
     "Write unit tests for this code.", "Convert this code to use f-strings where it formats text.",
+    "Simplify this function without changing what it does.", "Add input validation and raise ValueError on bad input.",
+    "Rewrite this function to avoid the nested loops if possible.", "Make this code follow PEP 8.",
+    "Add logging to this code.", "Explain what could go wrong with this code and how to fix it.",
 ]
 PASSAGE_TASKS = [
     "Summarize the following text in two sentences.", "Summarize the main points of this text as a bullet list.",
     "Write a one-sentence summary of this text.", "Explain this text in plain language.",
+    "Give a brief summary of the text below.", "Summarize this text for a busy reader in three sentences.",
+    "What are the key points of the following text? Summarize them briefly.",
 ]
 RAG_QUESTIONS = [
     "What is the main idea of the passage?", "According to the passage, what does {w} refer to?",
     "What does the passage say about {w}?", "Which example does the passage give?",
-    "List the key facts stated in the passage.",
+    "List the key facts stated in the passage.", "Who or what is the passage mainly about?",
+    "What happened according to the passage, and why?", "What numbers or dates does the passage mention?",
 ]
+RAG_INSTRUCTIONS = ["Read the passage and answer the question using only the passage.",
+                    "Answer the question using only information from the passage below.",
+                    "Use the passage to answer the question. Quote it where you can."]
 
 
 def _topics() -> list[str]:
@@ -138,39 +257,68 @@ def _code_snippets(rng: random.Random, n: int) -> list[str]:
     return rng.sample(snippets, min(n, len(snippets)))
 
 
-def training_conversations(n: int, seed: int = 0, exclude: set[str] = frozenset()) -> list[list[str]]:
-    """`n` user turns lists (one or two turns each), deterministic for a seed."""
+def passage_requests(n: int, seed: int = 0) -> list[str]:
+    """`n` prompts asking the target for a short report or story: the passages it writes
+    are then summarized and questioned in `training_conversations(..., written=...)`."""
+    rng = random.Random(seed + 1)
+    topics = _topics()
+    out: list[str] = []
+    for _ in range(50 * n):  # distinct requests, as long as the templates allow
+        if len(out) == n:
+            break
+        r = rng.choice(PASSAGE_REQUESTS).format(t=rng.choice(topics), town=rng.choice(TOWNS), shop=rng.choice(SHOPS),
+                                                who=rng.choice(SLOTS["who"]), goal=rng.choice(SLOTS["goal"]))
+        if r not in out:
+            out.append(r)
+    return out
+
+
+def training_conversations(n: int, seed: int = 0, exclude: set[str] = frozenset(),
+                           written: list[str] = ()) -> list[list[str]]:
+    """`n` user turns lists (one or two turns each), deterministic for a seed (and `written`,
+    the target's own passages, which join the documentation prose as text to summarize)."""
     rng = random.Random(seed)
     topics = _topics()
-    passages = _passages(rng, n)
+    passages = _passages(rng, n) + list(written)
+    rng.shuffle(passages)
     code = _code_snippets(rng, n)
+
+    def fill(template):
+        return template.format(t=rng.choice(topics), **{k: rng.choice(v) for k, v in SLOTS.items()})
 
     def question():
         return rng.choice(QUESTION_TEMPLATES).format(t=rng.choice(topics))
 
+    def fact():
+        a, b = rng.choice(PAIRS)
+        return rng.choice([f"Who was {rng.choice(PEOPLE)} and what are they known for?",
+                           f"What is the capital city of {rng.choice(COUNTRIES)}?",
+                           f"What is the difference between {a} and {b}?", rng.choice(WHY)])
+
     def math():
         a, b, c = rng.randint(3, 60), rng.randint(2, 40), rng.randint(2, 9)
         item = rng.choice(["apples", "books", "tickets", "cookies", "marbles", "stamps", "pencils"])
-        who = rng.choice(["Maria", "Tom", "A shop", "The class", "Ahmed", "Lena"])
-        return rng.choice([
-            f"Solve step by step: {who} has {a} {item} and buys {b} more, then gives away {c}. How many are left?",
-            f"Solve step by step: {who} packs {a * c} {item} into boxes of {c}. How many boxes are needed?",
-            f"What is {a} times {b} plus {c}? Show your work.",
-            f"Solve step by step: A train travels {a} km per hour for {c} hours. How far does it go?",
-            f"Solve for x: {c}x + {a} = {a + c * b}. Explain each step.",
-            f"{who} saves {b} dollars a week. How many weeks until {who} has {b * a} dollars?",
-        ])
+        who = rng.choice(["Maria", "Tom", "A shop", "The class", "Ahmed", "Lena", "Priya", "Jonas", "Mei"])
+        return rng.choice(MATH).format(who=who, item=item, a=a, b=b, c=c, ac=a * c, a_cb=a + c * b, ab=a * b,
+                                       pct=rng.choice([10, 20, 25, 30, 50]), bc2=b * 2, hund=rng.choice([50, 100]))
 
     def translation():
+        if rng.random() < 0.5:
+            lang, (subj, act, when) = rng.choice(sorted(FOREIGN.items()))
+            return (f"Translate the following {lang} text into English:\n\n"
+                    f"{rng.choice(subj)} {rng.choice(act)} {rng.choice(when)}.")
         s = f"{rng.choice(SUBJECTS)} {rng.choice(ACTIONS)} {rng.choice(TIMES)}."
-        return f"Translate the following sentence into {rng.choice(LANGUAGES)}:\n\n{s}"
+        if rng.random() < 0.5:
+            s += f" {rng.choice(SUBJECTS)} {rng.choice(ACTIONS)} {rng.choice(TIMES)}."
+        return f"Translate the following {rng.choice(['sentence', 'text'])} into {rng.choice(LANGUAGES)}:\n\n{s}"
 
     def codegen():
         sig, what = rng.choice(FUNCTIONS)
         return f"Write a {rng.choice(CODE_LANGS)} function `{sig}` that {what}."
 
     def code_edit():
-        return f"Here is some Python code:\n\n```python\n{code.pop()}\n```\n\n{rng.choice(EDITS)}"
+        intro = rng.choice(["Here is some Python code:", "Here is a Python snippet:", "Look at this function:"])
+        return f"{intro}\n\n```python\n{code.pop()}\n```\n\n{rng.choice(EDITS)}"
 
     def summary():
         return f"{rng.choice(PASSAGE_TASKS)}\n\n{passages.pop()}"
@@ -179,16 +327,16 @@ def training_conversations(n: int, seed: int = 0, exclude: set[str] = frozenset(
         passage = passages.pop()
         words = [w for w in re.findall(r"[a-z]{6,}", passage)] or ["it"]
         q = rng.choice(RAG_QUESTIONS).format(w=rng.choice(words))
-        return f"Read the passage and answer the question using only the passage.\n\nPassage:\n{passage}\n\nQuestion: {q}"
+        return f"{rng.choice(RAG_INSTRUCTIONS)}\n\nPassage:\n{passage}\n\nQuestion: {q}"
 
     def chat():
-        turns = [rng.choice(ADVICE).format(t=rng.choice(topics))]
+        turns = [fill(rng.choice(ADVICE + REQUESTS))]
         if rng.random() < 0.5:
             turns.append(rng.choice(FOLLOW_UPS))
         return turns
 
-    makers = [(question, 4), (math, 2), (translation, 2), (codegen, 3), (code_edit, 3), (summary, 2), (rag, 2),
-              (chat, 2)]
+    makers = [(question, 3), (fact, 1), (math, 3), (translation, 2), (codegen, 2), (code_edit, 3), (summary, 2),
+              (rag, 2), (chat, 3)]
     kinds = [m for m, w in makers for _ in range(w)]
     out, seen = [], set(exclude)
     while len(out) < n:

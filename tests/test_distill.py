@@ -12,7 +12,7 @@ from transformers import AutoModelForCausalLM
 from specdec import distill as D
 from specdec import generate, load_model, speculative_generate
 from specdec.cli import main
-from specdec.distill_prompts import training_conversations
+from specdec.distill_prompts import passage_requests, training_conversations
 from specdec.models.loading import materialize_draft
 from tiny import save_tiny, tiny_hf_model
 
@@ -128,7 +128,8 @@ def test_head_tokens_are_the_most_written_and_ship_with_the_draft(tmp_path, targ
 
     draft = D.train(config(tmp_path / "run", steps=2), examples, target[1], progress=False)
     D.save_draft(draft, target[0], tmp_path / "run")
-    D.write_head_tokens(config(tmp_path / "run", head_tokens=16), examples, V, eos_ids=(63,), out=tmp_path / "run")
+    ids16 = D.head_token_ids(config(tmp_path / "run", head_tokens=16), examples, V, eos_ids=(63,))
+    D.write_head_tokens(ids16, examples, 40, tmp_path / "run")
     listed = json.loads((tmp_path / "run" / HEAD_TOKENS_FILE).read_text())
     ids = listed["token_ids"]
     counts = torch.bincount(torch.cat([e.tokens[e.prompt_len:] for e in examples if e.prompt >= 40]), minlength=V)
@@ -151,8 +152,32 @@ def test_head_tokens_are_the_most_written_and_ship_with_the_draft(tmp_path, targ
     rebuilt = materialize_draft(shipped, target[0], tmp_path / "cache")
     assert json.loads((rebuilt / HEAD_TOKENS_FILE).read_text()) == listed
     # head_tokens=0: no list (the full head).
-    D.write_head_tokens(config(tmp_path / "run", head_tokens=0), examples, V, eos_ids=(63,), out=tmp_path / "run")
+    assert D.head_token_ids(config(tmp_path / "run", head_tokens=0), examples, V, eos_ids=(63,)) is None
+    D.write_head_tokens(None, examples, 40, tmp_path / "run")
     assert not (tmp_path / "run" / HEAD_TOKENS_FILE).exists()
+
+
+def test_training_on_a_head_list_scores_only_those_tokens(tmp_path, target, examples):
+    # The loss renormalizes the target's top-k over the listed tokens: a token off the list
+    # carries no weight, and a position whose top-k is all off the list is skipped.
+    logits = torch.tensor([[2.0, 0.0, -1.0]])
+    both = D.distill_loss(logits, torch.tensor([[0, 1]]), torch.tensor([[-0.1, -2.5]]))
+    one = D.distill_loss(logits, torch.tensor([[0, -1]]), torch.tensor([[-0.1, -2.5]]))
+    assert one == pytest.approx(-logits.log_softmax(-1)[0, 0].item())  # p = (1, 0) over the list
+    assert both > 0 and one > 0
+    skipped = D.distill_loss(torch.cat([logits, logits]), torch.tensor([[0, -1], [-1, -1]]),
+                             torch.tensor([[-0.1, -2.5], [-0.1, -2.5]]))
+    assert skipped == pytest.approx(one.item())
+    # Trained on its 24 most written tokens, the draft still learns to agree with the target
+    # (agreement measured over the list, as ModelDrafter then drafts).
+    ids = D.head_token_ids(config(tmp_path, head_tokens=24), examples, V, eos_ids=(63,))
+    head = D.Head(V, ids)
+    assert head.column[ids].tolist() == list(range(len(ids))) and int((head.column >= 0).sum()) == len(ids)
+    draft = D.train(config(tmp_path, head_tokens=24), examples, target[1], progress=False, head_ids=ids)
+    rows = log_of(tmp_path)
+    assert rows[-1]["heldout_greedy_agreement"] > rows[0]["heldout_greedy_agreement"] + 0.2
+    held = [e for e in examples if e.prompt < 40 and e.greedy]
+    assert D.agreement(draft, held, head) == pytest.approx(rows[-1]["heldout_greedy_agreement"], abs=1e-4)
 
 
 def test_narrower_draft_has_its_own_embeddings(tmp_path, target, examples):
@@ -173,6 +198,13 @@ def test_training_prompts_are_disjoint_from_the_bench_and_deterministic():
     assert len(convs) == 300 and not bench & {t for c in convs for t in c}
     assert convs == training_conversations(300, seed=0, exclude=bench)
     assert len({c[0] for c in convs}) == 300
+    # The target's own passages join the text to summarize and question.
+    requests = passage_requests(40, seed=0)
+    assert len(set(requests)) == 40 and requests == passage_requests(40, seed=0)
+    written = [f"Passage number {i} was written by the target. It has two sentences." for i in range(30)]
+    text = "\n".join(turn for c in training_conversations(300, 0, bench, written) for turn in c)
+    used = [p for p in written if p in text]
+    assert used  # about 1 in 6 passages is used at 300 prompts
 
 
 @pytest.mark.parametrize("args, message", [

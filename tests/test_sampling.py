@@ -432,3 +432,35 @@ def test_monte_carlo_detects_resampling_from_p(k, deterministic, monkeypatch):
     joint = chisquare_pvalue(joint_counts(seqs, 4), product_of_rows(k))
     # Measured: both p-values underflow to ~0 (chi-square statistics in the hundreds or more).
     assert first < 1e-12 and joint < 1e-12, (first, joint)
+
+
+# ----------------------------------------------------------------------------- drawing one token
+
+SAMPLE_P = torch.tensor([0.0, 0.5, 0.0, 0.2, 1e-3, 0.299, 0.0])  # zeros at both ends and inside
+
+
+def draw_counts(draw, probs: torch.Tensor, n: int = 20000) -> np.ndarray:
+    g = torch.Generator().manual_seed(0)
+    return np.bincount([draw(probs, g) for _ in range(n)], minlength=len(probs))
+
+
+@pytest.mark.parametrize("scale", [1.0, 3.7], ids=["normalized", "unnormalized"])
+def test_sample_draws_from_probs_and_never_a_zero(scale):
+    counts = draw_counts(sampling.sample, SAMPLE_P * scale)
+    assert counts[SAMPLE_P == 0].sum() == 0
+    keep = SAMPLE_P > 0
+    assert chisquare_pvalue(counts[keep.numpy()], SAMPLE_P[keep].double().numpy()) > ALPHA
+    # The last token with mass is reachable when u lands at the very top of the CDF.
+    assert sampling.sample(torch.tensor([0.3, 0.7, 0.0]), torch.Generator().manual_seed(1)) in (0, 1)
+
+
+def test_sample_check_detects_an_unscaled_uniform():
+    # A plausible bug: u drawn on [0, 1) without scaling by the total. For unnormalized probs
+    # it never reaches the upper tokens; the same check must reject it outright.
+    def broken(probs, g):
+        cdf = probs.double().cumsum(-1)
+        return int(torch.searchsorted(cdf, torch.rand((), generator=g, dtype=torch.float64), right=True))
+
+    keep = (SAMPLE_P > 0).numpy()
+    counts = draw_counts(broken, SAMPLE_P * 3.7)
+    assert chisquare_pvalue(counts[keep], SAMPLE_P[keep].double().numpy()) < 1e-12
