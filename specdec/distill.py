@@ -135,37 +135,31 @@ def generate_data(cfg: DistillConfig, progress=True) -> Path:
         model.generation_config.eos_token_id, int) else model.generation_config.eos_token_id or [])} - {None}
     bench = {turn for p in load_suite() for turn in p.turns}
 
+    def replies_to(first_turns: list[str], max_tokens: int, desc: str) -> list[str]:
+        """The target's greedy reply to each one-turn conversation, in batches."""
+        out = []
+        for s in tqdm(range(0, len(first_turns), cfg.gen_batch), desc=desc, unit="batch", disable=not progress):
+            ids = [encode(_render(tokenizer, [t], [])) for t in first_turns[s:s + cfg.gen_batch]]
+            out += [tokenizer.decode(comp, skip_special_tokens=True).strip()
+                    for comp, _, _ in target_writes(model, ids, max_tokens, 0, 1, eos, pad)]
+        return out
+
     # The target first writes short reports and stories, then is asked to summarize them.
     passages_file = data / "passages.json"
-    if passages_file.exists():
-        written = json.loads(passages_file.read_text())
-    else:
-        requests, written = passage_requests(cfg.prompts // 8, cfg.seed), []
-        for s in tqdm(range(0, len(requests), cfg.gen_batch), desc="target writes passages", unit="batch",
-                      disable=not progress):
-            ids = [encode(_render(tokenizer, [r], [])) for r in requests[s:s + cfg.gen_batch]]
-            for comp, _, _ in target_writes(model, ids, PASSAGE_TOKENS, 0, 1, eos, pad):
-                text = tokenizer.decode(comp, skip_special_tokens=True).strip()
-                text = text[: text.rfind(".") + 1]  # whole sentences only
-                if len(text) >= 250:
-                    written.append(" ".join(text.split()))
-        passages_file.write_text(json.dumps(written))
+    if not passages_file.exists():
+        stories = replies_to(passage_requests(cfg.prompts // 8, cfg.seed), PASSAGE_TOKENS, "target writes passages")
+        whole = [t[: t.rfind(".") + 1] for t in stories]  # whole sentences only
+        passages_file.write_text(json.dumps([" ".join(t.split()) for t in whole if len(t) >= 250]))
+    written = json.loads(passages_file.read_text())
     convs = training_conversations(cfg.prompts, cfg.seed, exclude=bench, written=written)
 
     # Earlier turns of a two-turn conversation get the target's own short greedy reply first.
-    replies: dict[int, list[str]] = {}
     history_file = data / "history.json"
-    if history_file.exists():
-        replies = {int(k): v for k, v in json.loads(history_file.read_text()).items()}
-    else:
+    if not history_file.exists():
         multi = [i for i, c in enumerate(convs) if len(c) > 1]
-        for s in tqdm(range(0, len(multi), cfg.gen_batch), desc="target writes first replies", unit="batch",
-                      disable=not progress):
-            batch = multi[s:s + cfg.gen_batch]
-            ids = [encode(_render(tokenizer, convs[i][:1], [])) for i in batch]
-            for i, (comp, _, _) in zip(batch, target_writes(model, ids, HISTORY_TOKENS, 0, 1, eos, pad)):
-                replies[i] = [tokenizer.decode(comp, skip_special_tokens=True).strip()]
-        history_file.write_text(json.dumps(replies))
+        first = replies_to([convs[i][0] for i in multi], HISTORY_TOKENS, "target writes first replies")
+        history_file.write_text(json.dumps({i: [r] for i, r in zip(multi, first)}))
+    replies = {int(k): v for k, v in json.loads(history_file.read_text()).items()}
 
     rendered = [_render(tokenizer, c, replies.get(i, [])) for i, c in enumerate(convs)]
     texts = [encode(t) for t in rendered]
