@@ -301,7 +301,7 @@ def label_hidden(draft, batch: list[Example]):
 class Head:
     """The rows of the output head the draft scores: all of them, or the head-token list
     (what ModelDrafter scores at inference, so training optimizes exactly what is used;
-    it also makes a training step about 4x cheaper, the full head dominating its cost)."""
+    it also makes a training step much cheaper: the full head dominates its cost)."""
 
     def __init__(self, vocab_size: int, ids: torch.Tensor | None = None):
         self.ids = ids
