@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Reproduces the runs behind the shipped draft's numbers in README.md and
-# docs/benchmark.md ("The shipped draft"): about 60 minutes on 2 cores.
+# docs/benchmark.md ("The shipped draft"): about 95 minutes on 2 cores.
 # Usage: bash scripts/bench_draft.sh [OUT_DIR]   (default bench-runs/)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -11,7 +11,10 @@ mkdir -p "$out"
 specdec bench --per-category 2 --trials 2 --num-draft-tokens 2,4 --out "$out/draft-greedy"
 # 2. Sampling at temperature 0.7.
 specdec bench --per-category 1 --trials 2 --num-draft-tokens 4 --temperature 0.7 --no-peers --out "$out/draft-t07"
-# 3. auto and the confidence stop with a poor draft (the target's first two layers, untrained).
+# 3. Every prompt of the input-grounded categories (34), n-gram and composite at k = 4 and auto.
+specdec bench --categories code_editing,rag,summarization --trials 2 --num-draft-tokens 4 --no-peers \
+  --out "$out/grounded"
+# 4. auto and the confidence stop with a poor draft (the target's first two layers, untrained).
 [ -f drafts-local/first2/config.json ] || python3 scripts/truncated_draft.py --layers 2 --out drafts-local/first2
 specdec bench --per-category 1 --trials 2 --num-draft-tokens 4 --draft drafts-local/first2 --min-confidence 0.4 \
   --no-peers --out "$out/poor-auto"

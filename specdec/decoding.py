@@ -275,12 +275,15 @@ def speculative_generate(model, draft, tokenizer, prompt, max_tokens: int, *, nu
     target token. Greedy output equals `generate`'s; sampled output has its distribution.
 
     num_draft_tokens: k, or "auto" to choose k (0 included) each step from the measured
-    acceptance and costs (see `specdec.schedule.AdaptiveK`)."""
+    acceptance and costs (see `specdec.schedule.AdaptiveK`), or an `AdaptiveK` to do the
+    same starting from what it learned in earlier calls (and going on learning)."""
     model = as_language_model(model, tokenizer)
     drafter = as_drafter(draft, tokenizer)
     k = num_draft_tokens
     schedule = None
-    if k == "auto":
+    if isinstance(k, AdaptiveK):
+        schedule = k
+    elif k == "auto":
         schedule = AdaptiveK()
     elif not isinstance(k, int) or isinstance(k, bool) or k < 1:
         raise ValueError(f"num_draft_tokens must be an integer >= 1 or 'auto', got {k!r}")

@@ -192,6 +192,7 @@ def check_common(rep, expected_names, n_prompts, trials):
     sp = ms["normal"]["overall"]["speedup"]
     assert sp["geomean"] == 1.0 and sp["ci95"] == [1.0, 1.0] and sp["n"] == n_prompts
     assert ms["normal"]["overall"]["tokens_per_target_call"] == 1.0
+    assert ms["normal"]["overall"]["decode_speedup"]["geomean"] == 1.0
     for name, m in ms.items():
         for where, s in [("overall", m["overall"]["speedup"])] + [(c, v["speedup"]) for c, v in m["categories"].items()]:
             lo, hi = s["ci95"]
@@ -203,7 +204,11 @@ def check_common(rep, expected_names, n_prompts, trials):
         assert o["tokens"] > 0 and o["seconds"] > 0 and o["tokens_per_s"] > 0
         # float32 greedy: every method reproduces plain decoding token for token
         assert isinstance(m["mismatches"], list) and m["mismatches"] == [], (name, m["mismatches"])
+        if m["family"] == "transformers":  # no prefill time: no decode-only ratio
+            assert "decode_speedup" not in o and all("decode_speedup" not in v for v in m["categories"].values())
         if m["family"] == "specdec":
+            assert set(o["decode_speedup"]) == set(o["speedup"]), name
+            assert all("decode_speedup" in v for v in m["categories"].values()), name
             assert 0.0 <= o["acceptance_rate"] <= 1.0, name
             assert 0.0 <= o["alpha"] <= 1.0, name
             assert o["tokens_per_target_call"] >= 1.0, name
@@ -314,3 +319,16 @@ def test_time_per_token_is_taken_per_trial():
     per = _per_prompt(rows, "m", [SimpleNamespace(id="p")])["p"]
     assert per["per_token"] == pytest.approx((0.1 + 0.05) / 2)
     assert per["seconds"] == 3.0 and len(per["tokens"]) == 10
+
+
+def test_decode_time_per_token_leaves_out_the_prefill():
+    from types import SimpleNamespace
+
+    from specdec.bench.runner import _per_prompt
+
+    rows = [{"method": "m", "prompt": "p", "trial": t, "seconds": 1.0 + t, "tokens": [1] * 11, "prefill_seconds": 0.5,
+             "stats": None} for t in range(3)]
+    per = _per_prompt(rows, "m", [SimpleNamespace(id="p")])["p"]
+    assert per["decode_per_token"] == pytest.approx((2.0 - 0.5) / 10)  # median trial, 10 tokens after the first
+    rows[0]["tokens"] = [1]  # a one-token answer has no decode phase
+    assert _per_prompt(rows, "m", [SimpleNamespace(id="p")])["p"]["decode_per_token"] is None

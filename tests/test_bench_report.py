@@ -35,6 +35,10 @@ def method(name, family, drafter=None, k=None, g=1.0, acc=None, mismatches=()):
                     "mean_drafted_per_step": k * 0.8, "draft_time_share": 0.01, "cost_ratio_c": 0.003,
                     "verify_cost": 1.0 + 0.2 * k, "predicted_speedup": 1.4}
     cats = {c: {"speedup": speedup(g * (1.2 if c == "qa" else 0.8))} for c in CATS}
+    if family != "transformers":
+        overall["decode_speedup"] = speedup(g * 1.1, 4)
+        for c in cats:
+            cats[c]["decode_speedup"] = speedup(g * (1.3 if c == "qa" else 0.9))
     return {"name": name, "family": family, "drafter": drafter, "k": k, "cold_seconds": 3.0, "overall": overall,
             "categories": cats, "mismatches": list(mismatches)}
 
@@ -84,11 +88,16 @@ def test_write_report_writes_json_markdown_and_plots(tmp_path):
     assert parsed["methods"][0]["overall"]["acceptance_rate"] is None
 
     md = (tmp_path / "report.md").read_text()
-    for heading in ("## Overall", "## Speedup by category", "## Acceptance by draft position", "## Measured costs",
+    for heading in ("## Overall", "## Speedup by category", "## Decode-only speedup by category",
+                    "## Acceptance by draft position", "## Measured costs",
                     "## Greedy mismatches", "## Cold (first-call) latency", "## Plots"):
         assert heading in md
     assert "Test CPU" in md and "float32" in md and "commit –" in md
     assert "| spec-ngram-k4 | 4 | 2.30x [2.07, 2.53] |" in md  # geomean [CI] in the overall table
+    assert "| 2.53x [2.28, 2.78] |" in md  # its decode-only speedup next to it
+    decode = md.split("## Decode-only speedup by category")[1].split("##")[0]
+    assert "| spec-ngram-k4 | 2.99x [2.69, 3.29] | 2.07x [1.86, 2.28] |" in decode
+    assert "hf-greedy" not in decode  # no prefill time, no decode-only ratio
     assert "| method | qa | summarization |" in md
     hf_row = next(line for line in md.splitlines() if line.startswith("| hf-greedy | 4 |"))
     assert hf_row.count("–") >= 8  # transformers methods have no prefill / acceptance / cost stats

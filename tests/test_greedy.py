@@ -137,6 +137,21 @@ def test_speculative_equals_greedy(prompt_name, draft_kind, k, models, reference
         assert 0 < res.stats.accepted < res.stats.drafted  # partial acceptance exercised
 
 
+def test_a_schedule_object_carries_what_it_learned_across_calls(models, reference):
+    # num_draft_tokens=AdaptiveK(): the schedule a call ends with is the next call's start.
+    schedule = AdaptiveK()
+    draft = make_draft("composite", models)
+    first = speculative_generate(models["target"], draft, None, PROMPTS["repeated"], MAX_TOKENS,
+                                 num_draft_tokens=schedule)
+    learned = {name: list(s.tries) for name, s in schedule.sources.items()}
+    assert first.token_ids == reference["repeated"] and learned and any(learned.values())
+    assert schedule.verify_n  # and the verify passes it timed
+    second = speculative_generate(models["target"], draft, None, PROMPTS["random"], MAX_TOKENS,
+                                  num_draft_tokens=schedule)
+    assert second.token_ids == reference["random"]
+    assert sum(sum(s.tries) for s in schedule.sources.values()) != sum(sum(t) for t in learned.values())
+
+
 def test_lookup_sources_and_proposals():
     from specdec.sampling import SamplingParams
 

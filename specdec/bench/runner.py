@@ -247,8 +247,8 @@ def _run(cfg: BenchConfig, progress: bool, log) -> dict:
 
 
 def _per_prompt(records, method, prompts):
-    """prompt id -> (median seconds, median seconds per token, tokens of trial 0, median prefill,
-    stats of trial 0)."""
+    """prompt id -> (median seconds, median seconds per token, median decode seconds per token
+    after the first, tokens of trial 0, median prefill, stats of trial 0)."""
     out = {}
     for p in prompts:
         rows = [r for r in records if r["method"] == method and r["prompt"] == p.id]
@@ -258,7 +258,13 @@ def _per_prompt(records, method, prompts):
         # different random numbers (sampling) or round near-ties differently (bfloat16) and
         # write outputs of different lengths.
         per_token = statistics.median(r["seconds"] / max(len(r["tokens"]), 1) for r in rows)
+        # The prefill pass is the same work with or without speculation; what follows it is
+        # what a drafter can speed up (for short answers the prefill caps the end-to-end ratio).
+        decode = statistics.median((r["seconds"] - r["prefill_seconds"]) / (len(r["tokens"]) - 1)
+                                   for r in rows) if len(prefills) == len(rows) and \
+            all(len(r["tokens"]) > 1 for r in rows) else None
         out[p.id] = {"seconds": statistics.median(r["seconds"] for r in rows), "per_token": per_token,
+                     "decode_per_token": decode,
                      "tokens": first["tokens"],
                      "first_seconds": first["seconds"],
                      "prefill": statistics.median(prefills) if prefills else None, "stats": first["stats"]}
@@ -302,6 +308,8 @@ def aggregate(cfg, prompts, methods, records, costs, cold, target) -> dict:
     for m in methods:
         per = _per_prompt(records, m.name, prompts)
         ratios = {pid: base[pid]["per_token"] / v["per_token"] for pid, v in per.items()}
+        decode_ratios = {pid: base[pid]["decode_per_token"] / v["decode_per_token"] for pid, v in per.items()
+                         if v["decode_per_token"] and base[pid]["decode_per_token"]}
         seconds = sum(v["seconds"] for v in per.values())
         tokens = sum(len(v["tokens"]) for v in per.values())
         prefills = [v["prefill"] for v in per.values() if v["prefill"] is not None]
@@ -311,6 +319,8 @@ def aggregate(cfg, prompts, methods, records, costs, cold, target) -> dict:
             prefill_s = sum(prefills)
             overall["prefill_ms_mean"] = 1000 * prefill_s / len(prefills)
             overall["decode_ms_per_token"] = 1000 * (seconds - prefill_s) / max(tokens - len(prefills), 1)
+        if decode_ratios:
+            overall["decode_speedup"] = summarize_ratios(list(decode_ratios.values()))
         overall.update(_spec_metrics(list(per.values())))
         if m.family == "specdec" and m.k != "auto" and not math.isnan(overall.get("alpha", math.nan)):
             k = m.k
@@ -325,6 +335,8 @@ def aggregate(cfg, prompts, methods, records, costs, cold, target) -> dict:
         for cat in cats:
             ids = [p.id for p in prompts if p.category == cat]
             entry = {"speedup": summarize_ratios([ratios[i] for i in ids])}
+            if all(i in decode_ratios for i in ids):
+                entry["decode_speedup"] = summarize_ratios([decode_ratios[i] for i in ids])
             entry.update({key: val for key, val in _spec_metrics([per[i] for i in ids]).items()
                           if key in ("acceptance_rate", "alpha", "tokens_per_target_call", "accepted_per_position")})
             by_cat[cat] = entry
