@@ -286,7 +286,7 @@ def speculative_generate(model, draft, tokenizer, prompt, max_tokens: int, *, nu
     elif k == "auto":
         schedule = AdaptiveK()
     elif not isinstance(k, int) or isinstance(k, bool) or k < 1:
-        raise ValueError(f"num_draft_tokens must be an integer >= 1 or 'auto', got {k!r}")
+        raise ValueError(f"num_draft_tokens must be an integer >= 1, 'auto' or an AdaptiveK, got {k!r}")
     check_same_vocab(model, drafter, tokenizer)
     params, prompt_ids = _check_request(model, tokenizer, prompt, max_tokens, temperature, top_k, top_p, seed, chat)
     check_context(drafter.max_context, "the draft", len(prompt_ids), max_tokens)

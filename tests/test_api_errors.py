@@ -6,6 +6,7 @@ import torch
 
 from specdec import HFAdapter, NativeLM, NgramDrafter, generate, load_model, speculative_generate
 from specdec.models.llama import Llama
+from specdec.schedule import AdaptiveK
 from tiny import save_tiny, tiny_hf_model
 
 PROMPT = [1, 2, 3, 4]
@@ -73,6 +74,7 @@ SPECULATIVE_ONLY = [
     ("num_draft_tokens 1.5", dict(num_draft_tokens=1.5), ValueError, "num_draft_tokens"),
     ("num_draft_tokens '4'", dict(num_draft_tokens="4"), ValueError, "num_draft_tokens"),
     ("num_draft_tokens True", dict(num_draft_tokens=True), ValueError, "num_draft_tokens"),
+    ("num_draft_tokens the AdaptiveK class", dict(num_draft_tokens=AdaptiveK), ValueError, "num_draft_tokens"),
 ]
 
 

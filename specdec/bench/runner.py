@@ -260,9 +260,9 @@ def _per_prompt(records, method, prompts):
         per_token = statistics.median(r["seconds"] / max(len(r["tokens"]), 1) for r in rows)
         # The prefill pass is the same work with or without speculation; what follows it is
         # what a drafter can speed up (for short answers the prefill caps the end-to-end ratio).
-        decode = statistics.median((r["seconds"] - r["prefill_seconds"]) / (len(r["tokens"]) - 1)
-                                   for r in rows) if len(prefills) == len(rows) and \
-            all(len(r["tokens"]) > 1 for r in rows) else None
+        decode = None
+        if len(prefills) == len(rows) and all(len(r["tokens"]) > 1 for r in rows):
+            decode = statistics.median((r["seconds"] - r["prefill_seconds"]) / (len(r["tokens"]) - 1) for r in rows)
         out[p.id] = {"seconds": statistics.median(r["seconds"] for r in rows), "per_token": per_token,
                      "decode_per_token": decode,
                      "tokens": first["tokens"],
