@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from specdec.bench.runner import SCHEMA, BenchConfig, run_benchmark
-from specdec.bench.stats import (break_even_alpha, expected_tokens_per_step, predicted_speedup,
+from specdec.bench.stats import (break_even_alpha, expected_tokens_per_step, predicted_speedup, required_alpha,
                                  summarize_ratios)
 from specdec.bench.suite import DEFAULT_SUITE, GROUNDED, load_suite
 from tiny import needs_model
@@ -76,6 +76,15 @@ def test_break_even_alpha_never_pays():
     assert math.isnan(break_even_alpha(4, 2.0, 1.0))  # even perfect acceptance: 5 / 9 < 1
     assert math.isnan(break_even_alpha(1, 0.0, 3.0))  # verifying costs more than 2 tokens gain
 
+
+
+@pytest.mark.parametrize("goal, k, c, v", [(2.0, 4, 0.087, 1.07), (1.6, 8, 0.05, 1.2), (1.1, 2, 0.1, 1.0)])
+def test_required_alpha(goal, k, c, v):
+    a = required_alpha(goal, k, c, v)
+    assert predicted_speedup(a, k, c, v) == pytest.approx(goal, abs=1e-6)
+    assert predicted_speedup(a - 0.01, k, c, v) < goal < predicted_speedup(a + 0.01, k, c, v)
+    assert required_alpha(goal + 0.1, k, c, v) > a  # a higher goal needs a better draft
+    assert math.isnan(required_alpha((k + 1) / (k * c + v) + 0.01, k, c, v))  # beyond k+1 tokens per step
 
 # ----------------------------------------------------------------------------- the prompt suite
 

@@ -47,15 +47,21 @@ def predicted_speedup(alpha: float, k: int, c: float, verify_cost: float = 1.0) 
     return expected_tokens_per_step(alpha, k) / (k * c + verify_cost)
 
 
-def break_even_alpha(k: int, c: float, verify_cost: float = 1.0) -> float:
-    """The acceptance rate below which speculation is slower than plain decoding."""
+def required_alpha(speedup: float, k: int, c: float, verify_cost: float = 1.0) -> float:
+    """The acceptance rate a draft needs for a predicted speedup of `speedup` at k (nan if
+    even perfect acceptance falls short). The predicted speedup rises with alpha, so bisect."""
     lo, hi = 0.0, 1.0
-    if predicted_speedup(hi - 1e-12, k, c, verify_cost) < 1.0:
-        return math.nan  # never pays, even with perfect acceptance
+    if predicted_speedup(hi - 1e-12, k, c, verify_cost) < speedup:
+        return math.nan
     for _ in range(60):
         mid = (lo + hi) / 2
-        if predicted_speedup(mid, k, c, verify_cost) < 1.0:
+        if predicted_speedup(mid, k, c, verify_cost) < speedup:
             lo = mid
         else:
             hi = mid
     return hi
+
+
+def break_even_alpha(k: int, c: float, verify_cost: float = 1.0) -> float:
+    """The acceptance rate below which speculation is slower than plain decoding."""
+    return required_alpha(1.0, k, c, verify_cost)
