@@ -82,6 +82,20 @@ def test_last_only_is_the_last_row(pair):
     assert torch.allclose(native.forward(SEQ[20:], last_only=True)[0], full[-1], atol=1e-5)
 
 
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_bf16_one_token_steps_match_float32(kind, ckpt_dir):
+    # On a CPU a bf16 model attends in float32 for one-token passes (a faster kernel there)
+    # and in bf16 for blocks: both paths must give the float32 model's logits to bf16 precision.
+    path = save_tiny(ckpt_dir / f"bf16-{kind}", kind, seed=0)
+    ref = load_model(path, dtype="float32")
+    ref.reset(len(SEQ))
+    want = ref.forward(SEQ)
+    bf16 = load_model(path, dtype="bfloat16")
+    got = chunked_logits(bf16, SEQ, prefill=9, blocks=(5,) + (1,) * 20)
+    assert got.dtype == torch.float32 and got.shape == want.shape
+    assert (got - want).abs().max().item() <= 0.05 * want.abs().max().item()
+
 def test_adapter_agrees_with_native(pair):
     native, hf = pair
     adapter = HFAdapter(hf)
