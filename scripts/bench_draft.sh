@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Reproduces the runs behind the shipped draft's numbers in README.md and
-# docs/benchmark.md ("The shipped draft"): about 180 minutes on 2 cores.
+# docs/benchmark.md ("The shipped draft"): about 230 minutes on 2 cores.
 # Usage: bash scripts/bench_draft.sh [OUT_DIR]   (default bench-runs/)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -26,3 +26,7 @@ specdec bench --categories translation --trials 2 --num-draft-tokens 4 --no-peer
 specdec bench --categories code_generation,math,multi_turn,qa --trials 1 --num-draft-tokens 4 --no-peers --out "$out/rest"
 # 8. Every prompt at temperature 0.7, one trial.
 specdec bench --trials 1 --num-draft-tokens 4 --temperature 0.7 --no-peers --out "$out/t07-all"
+# 9. Every prompt, greedy, one trial (with 8, the current numbers: docs/benchmark.md, "The current numbers").
+specdec bench --trials 1 --num-draft-tokens 4 --no-peers --out "$out/greedy-all"
+# 10. Against transformers' generate, prompt lookup and assisted generation (16 prompts, one trial).
+specdec bench --per-category 2 --trials 1 --num-draft-tokens 4 --out "$out/peers"

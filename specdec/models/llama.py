@@ -157,10 +157,10 @@ class Attention(nn.Module):
         cache.v[layer, :, :, start:end] = v
         keys, values = cache.k[layer, :, :, :end], cache.v[layer, :, :, :end]
         if T == 1 and x.device.type == "cpu" and x.dtype != torch.float32:
-            # torch's CPU attention kernel in bf16/fp16 is 4-5x slower for a single query than
-            # in float32 (178 vs 43 us a layer here at 300 cached tokens), and plain decoding
-            # is all single queries: upcasting is 10-20% of a decode step. Blocks of 2+ queries
-            # (prefill, verification) run about as fast in either dtype, so they stay as they are.
+            # torch's CPU attention kernel in bf16/fp16 is 5-7x slower for a single query than
+            # in float32 (206 vs 30 us a layer at 300 cached tokens: scripts/one_query_attention.py),
+            # and plain decoding is all single queries. Blocks of queries (prefill, verification)
+            # run as fast in either dtype, so they stay as they are.
             y = F.scaled_dot_product_attention(q.float(), keys.float(), values.float(),
                                                enable_gqa=self.kvh != self.h).to(x.dtype)
         else:
