@@ -77,7 +77,6 @@ def test_break_even_alpha_never_pays():
     assert math.isnan(break_even_alpha(1, 0.0, 3.0))  # verifying costs more than 2 tokens gain
 
 
-
 @pytest.mark.parametrize("goal, k, c, v", [(2.0, 4, 0.087, 1.07), (1.6, 8, 0.05, 1.2), (1.1, 2, 0.1, 1.0)])
 def test_required_alpha(goal, k, c, v):
     a = required_alpha(goal, k, c, v)
@@ -85,6 +84,7 @@ def test_required_alpha(goal, k, c, v):
     assert predicted_speedup(a - 0.01, k, c, v) < goal < predicted_speedup(a + 0.01, k, c, v)
     assert required_alpha(goal + 0.1, k, c, v) > a  # a higher goal needs a better draft
     assert math.isnan(required_alpha((k + 1) / (k * c + v) + 0.01, k, c, v))  # beyond k+1 tokens per step
+
 
 # ----------------------------------------------------------------------------- the prompt suite
 

@@ -82,7 +82,6 @@ def test_last_only_is_the_last_row(pair):
     assert torch.allclose(native.forward(SEQ[20:], last_only=True)[0], full[-1], atol=1e-5)
 
 
-
 @pytest.mark.parametrize("kind", KINDS)
 def test_bf16_one_token_steps_match_float32(kind, ckpt_dir):
     # On a CPU a bf16 model attends in float32 for one-token passes (a faster kernel there)
@@ -95,6 +94,7 @@ def test_bf16_one_token_steps_match_float32(kind, ckpt_dir):
     got = chunked_logits(bf16, SEQ, prefill=9, blocks=(5,) + (1,) * 20)
     assert got.dtype == torch.float32 and got.shape == want.shape
     assert (got - want).abs().max().item() <= 0.05 * want.abs().max().item()
+
 
 def test_adapter_agrees_with_native(pair):
     native, hf = pair
