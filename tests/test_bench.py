@@ -9,16 +9,60 @@ from collections import defaultdict
 import pytest
 import torch
 
-from specdec.bench.runner import SCHEMA, BenchConfig, run_benchmark
+from specdec.bench.runner import SCHEMA, BenchConfig, float32_check, run_benchmark, top2_margin
 from specdec.bench.stats import (break_even_alpha, expected_tokens_per_step, predicted_speedup, required_alpha,
                                  summarize_ratios)
 from specdec.bench.suite import DEFAULT_SUITE, GROUNDED, load_suite
-from tiny import needs_model
+from specdec.models.loading import load_model
+from tiny import needs_model, save_tiny
 
 MODEL = "smollm2-135m-instruct"
 TORCH_THREADS = 2  # read by conftest.py
 
 
+
+
+# ----------------------------------------------------------------------------- divergences
+
+
+def _logits(**at) -> torch.Tensor:
+    out = torch.zeros(8)
+    for i, v in at.items():
+        out[int(i[1:])] = v
+    return out
+
+
+@pytest.mark.parametrize("low, exact, tie", [
+    # float32 prefers the baseline's token 1 by 0.5; one bf16 pass moves that gap by -1.0: rounding.
+    (_logits(t1=29.0, t2=30.0), _logits(t1=30.5, t2=30.0), True),
+    # float32 prefers the method's token 2: the method is right, whatever the bf16 pass says.
+    (_logits(t1=30.0, t2=29.9), _logits(t1=30.0, t2=30.2), True),
+    # float32 prefers token 1 by 5 and the pass moves the gap by only 0.25: not rounding, a bug.
+    (_logits(t1=30.0, t2=25.25), _logits(t1=30.0, t2=25.0), False),
+])
+def test_float32_check(low, exact, tie):
+    got = float32_check(low, exact, ours=1, theirs=2)
+    assert got["tie"] is tie
+    assert got["float32_gap"] == pytest.approx(float(exact[1] - exact[2]))
+    assert got["float32_gap"] + got["rounding_shift"] == pytest.approx(float(low[1] - low[2]))
+
+
+def test_top2_margin_sends_a_wide_bf16_divergence_to_float32(tmp_path):
+    path = save_tiny(tmp_path / "tiny")
+    target = load_model(path, dtype=torch.bfloat16)
+    exact = load_model(path, dtype=torch.float32)
+    prompt, prefix = [3, 7, 11, 5], [9, 2]
+    exact.reset(8)
+    logits = exact.forward(prompt + prefix, last_only=True)[-1]
+    ours, bug = int(logits.argmax()), int(logits.argmin())  # a token float32 ranks last: a bug's pick
+    loaded = []
+    reference = lambda: loaded.append(1) or exact  # noqa: E731
+    got = top2_margin(target, prompt, prefix, ours, bug, reference)
+    assert got["tie"] is False and loaded and got["float32_gap"] > abs(got["rounding_shift"])
+    # A float32 target is its own reference: the within-rounding test decides alone.
+    loaded.clear()
+    got = top2_margin(exact, prompt, prefix, ours, bug, reference)
+    assert got["tie"] is False and "float32_gap" not in got and not loaded
 
 
 # ----------------------------------------------------------------------------- stats

@@ -153,3 +153,18 @@ def test_print_summary_plain_without_rich(capsys, monkeypatch):
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].split()[:2] == ["method", "speedup"] and len(lines) == 1 + 4
     assert len({line.index("x [") for line in lines[1:]}) == 1  # columns line up
+
+
+def test_mismatch_line_shows_the_float32_check(tmp_path):
+    report = make_report(dtype="bfloat16", ks=(4,))
+    report["methods"][1]["mismatches"] = [
+        {"prompt": "qa-2", "position": 101, "baseline_len": 128, "method_len": 128, "top2_margin": 0.75,
+         "margin_to_theirs": 0.75, "tie_tolerance": 0.5, "float32_gap": 0.54, "rounding_shift": -2.04, "tie": True},
+        {"prompt": "qa-1", "position": 7, "baseline_len": 128, "method_len": 128, "top2_margin": 4.0,
+         "margin_to_theirs": 4.0, "tie_tolerance": 0.5, "float32_gap": 4.1, "rounding_shift": 0.1, "tie": False}]
+    R.write_report(report, tmp_path)
+    md = (tmp_path / "report.md").read_text()
+    assert ("position 101: top-2 margin 0.75, margin to its token 0.75; in float32 the baseline's token leads by "
+            "0.54, rounding moved that by -2.04 → **tie**") in md
+    assert "position 7: top-2 margin 4, margin to its token 4; in float32 the baseline's token leads by 4.1, " \
+           "rounding moved that by 0.1 → **MISMATCH**" in md

@@ -176,6 +176,9 @@ def _md_mismatches(report: dict) -> list[str]:
             what = (f"top-2 margin {margin:.3g}, margin to its token {_fmt(x.get('margin_to_theirs'), '.3g')}"
                     if margin is not None else f"one output is a prefix of the other (lengths "
                     f"{x.get('baseline_len')} vs {x.get('method_len')})")
+            if x.get("float32_gap") is not None:
+                what += (f"; in float32 the baseline's token leads by {_fmt(x['float32_gap'], '.3g')}, "
+                         f"rounding moved that by {_fmt(x.get('rounding_shift'), '.3g')}")
             tie = x.get("tie")
             if tie is None:  # reports written before the runner judged ties itself
                 tie = margin is not None and margin < tol
@@ -184,7 +187,9 @@ def _md_mismatches(report: dict) -> list[str]:
     return lines + ["", f"tie = at the divergence the target's top-2 logit margin (or the margin to the other "
                         f"method's token) is within 4 rounding steps of {dtype} at that logit's magnitude (1e-3 in "
                         "float32): block and single-token passes round differently, so either token is the "
-                        "target's greedy choice up to rounding. MISMATCH = a real divergence to investigate.", ""]
+                        "target's greedy choice up to rounding. Where the gaps are wider, the target in float32 "
+                        "decides: a tie when the low-precision pass's own rounding moves the gap between the two "
+                        "tokens by at least float32's gap. MISMATCH = a real divergence to investigate.", ""]
 
 
 def _markdown(report: dict, plots: dict[str, tuple[bool, str | None]]) -> str:

@@ -10,6 +10,7 @@ bootstrap CI.
 """
 from __future__ import annotations
 
+import functools
 import math
 import os
 import platform
@@ -163,24 +164,50 @@ def load_hf(name, dtype, device):
     return AutoModelForCausalLM.from_pretrained(str(hf_checkpoint(name)), dtype=dtype, use_safetensors=True).to(device).eval()
 
 
-def top2_margin(target, prompt_ids, prefix, theirs: int) -> dict:
-    """At a divergence: the target's logit gap between its top two tokens there, and
-    between its choice and the other method's token.
+def _last_logits(model, ids) -> torch.Tensor:
+    model.reset(len(ids) + 1)
+    return model.forward(ids, last_only=True)[-1]
+
+
+def top2_margin(target, prompt_ids, prefix, ours: int, theirs: int, reference=None) -> dict:
+    """At a divergence (the baseline wrote `ours`, the method `theirs`): the target's logit
+    gap between its top two tokens there, and between its choice and the method's token.
 
     It is a tie when a gap is within a few rounding steps of the model's dtype at the
     logit's magnitude: one pass over a block of tokens and one token at a time round
-    differently, and in bf16 one step at a logit of 20 is already 0.125.
+    differently, and in bf16 one step at a logit of 20 is already 0.125. Over hundreds of
+    cached tokens the rounding of a bf16 pass adds up to more than a few steps, though, so
+    where the gaps are wider `reference()` (the target in float32) settles it: see
+    `float32_check`.
     """
-    target.reset(len(prompt_ids) + len(prefix) + 1)
-    logits = target.forward(prompt_ids + prefix, last_only=True)[-1]
+    logits = _last_logits(target, prompt_ids + prefix)
     top = torch.topk(logits, 2)
     top2, to_theirs = float(top.values[0] - top.values[1]), float(logits.max() - logits[theirs])
-    if target.dtype in (torch.bfloat16, torch.float16):
+    low_precision = target.dtype in (torch.bfloat16, torch.float16)
+    if low_precision:
         tolerance = 4 * torch.finfo(target.dtype).eps * 2.0 ** math.floor(math.log2(max(abs(float(top.values[0])), 1e-6)))
     else:
         tolerance = 1e-3
-    return {"top2_margin": top2, "margin_to_theirs": to_theirs, "tie_tolerance": tolerance,
-            "tie": min(top2, to_theirs) <= tolerance}
+    out = {"top2_margin": top2, "margin_to_theirs": to_theirs, "tie_tolerance": tolerance,
+           "tie": min(top2, to_theirs) <= tolerance}
+    if not out["tie"] and low_precision and reference is not None:
+        out.update(float32_check(logits, _last_logits(reference(), prompt_ids + prefix), ours, theirs))
+    return out
+
+
+def float32_check(logits: torch.Tensor, exact: torch.Tensor, ours: int, theirs: int) -> dict:
+    """Is a low-precision divergence rounding? `exact`: the same position in float32.
+
+    float32_gap: how much float32 prefers the baseline's token to the method's (negative:
+    it prefers the method's). rounding_shift: how much the low-precision pass itself moved
+    that gap away from float32's. A tie when the shift is at least the gap: the rounding of
+    one pass is enough to swap the two tokens, so either is the target's greedy choice up to
+    rounding. A bug (a wrong position, a stale cache entry) picks a token float32 ranks far
+    below, by more than rounding moves it.
+    """
+    gap = float(exact[ours] - exact[theirs])
+    shift = float((logits[ours] - exact[ours]) - (logits[theirs] - exact[theirs]))
+    return {"float32_gap": gap, "rounding_shift": shift, "tie": gap <= abs(shift)}
 
 
 def run_benchmark(cfg: BenchConfig, progress: bool = True, log=print) -> dict:
@@ -305,6 +332,10 @@ def aggregate(cfg, prompts, methods, records, costs, cold, target) -> dict:
     cats = sorted({p.category for p in prompts})
     t1 = costs["target_forward_ms"] / 1000
     out_methods = []
+
+    @functools.cache
+    def reference():  # the target in float32, loaded only if a divergence needs it
+        return load_model(cfg.model, dtype=torch.float32, device=cfg.device)
     for m in methods:
         per = _per_prompt(records, m.name, prompts)
         ratios = {pid: base[pid]["per_token"] / v["per_token"] for pid, v in per.items()}
@@ -349,7 +380,7 @@ def aggregate(cfg, prompts, methods, records, costs, cold, target) -> dict:
                 j = next((i for i, (a, b) in enumerate(zip(mine, ref)) if a != b), min(len(mine), len(ref)))
                 entry = {"prompt": p.id, "position": j, "baseline_len": len(ref), "method_len": len(mine)}
                 if j < min(len(mine), len(ref)):
-                    entry.update(top2_margin(target, p.ids, ref[:j], mine[j]))
+                    entry.update(top2_margin(target, p.ids, ref[:j], ref[j], mine[j], reference))
                 mismatches.append(entry)
         out_methods.append({**m.describe(), "cold_seconds": cold[m.name], "overall": overall,
                             "categories": by_cat, "mismatches": mismatches})
