@@ -336,6 +336,7 @@ def aggregate(cfg, prompts, methods, records, costs, cold, target) -> dict:
     @functools.cache
     def reference():  # the target in float32, loaded only if a divergence needs it
         return load_model(cfg.model, dtype=torch.float32, device=cfg.device)
+
     for m in methods:
         per = _per_prompt(records, m.name, prompts)
         ratios = {pid: base[pid]["per_token"] / v["per_token"] for pid, v in per.items()}
