@@ -203,13 +203,37 @@ def cmd_demo(args) -> int:
     print(f"=== speculative decoding ({drafter!r}, k={args.num_draft_tokens}) ===\n" + spec.text)
     print("=== summary ===")
     print(f"outputs match token for token: {spec.token_ids == normal.token_ids}")
+    if spec.token_ids != normal.token_ids:
+        print(_explain_divergence(normal, spec, target, args))
     print(f"normal      {t_n * 1000:7.0f} ms  ({len(normal.token_ids) / t_n:.1f} tok/s)")
     print(f"speculative {t_s * 1000:7.0f} ms  ({len(spec.token_ids) / t_s:.1f} tok/s)")
-    print(f"speedup {t_n / t_s:.2f}x (median of {args.trials} interleaved trials after a warmup)")
+    # Per token, as the benchmark does: after a tie the two outputs can differ in length.
+    speedup = (t_n / len(normal.token_ids)) / (t_s / len(spec.token_ids))
+    print(f"speedup {speedup:.2f}x in time per token (median of {args.trials} interleaved trials after a warmup)")
     st = spec.stats
     print(f"acceptance rate {st.acceptance_rate:.2f}, tokens per target call {st.tokens_per_target_call:.2f} "
           f"(normal decoding: 1.00), target calls {st.target_calls} vs {normal.stats.target_calls}")
     return 0
+
+
+def _explain_divergence(normal, spec, target, args) -> str:
+    """Where two greedy outputs part, and whether the target's logits there make it a tie."""
+    from .bench.runner import top2_margin
+    from .models.loading import load_model
+
+    mine, ref = spec.token_ids, normal.token_ids
+    j = next((i for i, (a, b) in enumerate(zip(mine, ref)) if a != b), min(len(mine), len(ref)))
+    if j == min(len(mine), len(ref)):
+        return f"  one output is a prefix of the other ({len(ref)} vs {len(mine)} tokens)"
+    v = top2_margin(target, normal.prompt_ids, ref[:j], ref[j], mine[j],
+                    reference=lambda: load_model(args.model, dtype="float32", device=args.device))
+    why = f"the target's top-2 logit margin there is {v['top2_margin']:.3g}"
+    if "float32_gap" in v:
+        why += (f"; in float32 the two tokens are {abs(v['float32_gap']):.3g} apart and {str(target.dtype).removeprefix('torch.')} "
+                f"rounding moves that gap by {abs(v['rounding_shift']):.3g}")
+    verdict = ("a numerical tie: either token is the target's greedy choice up to rounding" if v["tie"]
+               else "NOT a tie: a bug to report")
+    return f"  they part at new token {j}: {why}, so {verdict}"
 
 
 def _int_list(text: str) -> list[int]:

@@ -26,8 +26,9 @@ import torch
 import specdec.bench.runner as runner
 import specdec.models.loading as loading
 from specdec import generate
-from specdec.cli import TextStream, main
-from tiny import needs_model
+from specdec.cli import TextStream, _explain_divergence, main
+from specdec.models.loading import load_model
+from tiny import needs_model, save_tiny
 
 MODEL = "smollm2-135m-instruct"
 SUMMARY = re.compile(r"^\[(\d+) tokens, [\d.]+ tok/s, finish=(eos|length)"
@@ -335,3 +336,17 @@ def test_generate_with_auto_draft_length(capsys):
 def test_num_draft_tokens_must_be_a_number_or_auto(capsys):
     rc, out, err = run(capsys, "generate", "hi", "--num-draft-tokens", "many")
     assert rc == 2 and "--num-draft-tokens" in err and "Traceback" not in err
+
+
+def test_demo_explains_where_outputs_part(tmp_path):
+    path = save_tiny(tmp_path / "tiny")
+    target = load_model(path, dtype="bfloat16")
+    args = types.SimpleNamespace(model=str(path), device="cpu")
+    gen = lambda ids: types.SimpleNamespace(prompt_ids=[3, 7, 11], token_ids=ids)  # noqa: E731
+    assert "prefix of the other (3 vs 2 tokens)" in _explain_divergence(gen([5, 6, 7]), gen([5, 6]), target, args)
+    exact = load_model(path, dtype="float32")
+    exact.reset(8)
+    logits = exact.forward([3, 7, 11, 5], last_only=True)[-1]
+    best, worst = int(logits.argmax()), int(logits.argmin())
+    said = _explain_divergence(gen([5, best]), gen([5, worst]), target, args)
+    assert said.startswith("  they part at new token 1:") and "NOT a tie" in said and "in float32" in said
