@@ -218,19 +218,19 @@ def cmd_demo(args) -> int:
 
 def _explain_divergence(normal, spec, target, args) -> str:
     """Where two greedy outputs part, and whether the target's logits there make it a tie."""
-    from .bench.runner import top2_margin
+    from .bench.runner import divergence
     from .models.loading import load_model
 
-    mine, ref = spec.token_ids, normal.token_ids
-    j = next((i for i, (a, b) in enumerate(zip(mine, ref)) if a != b), min(len(mine), len(ref)))
-    if j == min(len(mine), len(ref)):
-        return f"  one output is a prefix of the other ({len(ref)} vs {len(mine)} tokens)"
-    v = top2_margin(target, normal.prompt_ids, ref[:j], ref[j], mine[j],
-                    reference=lambda: load_model(args.model, dtype="float32", device=args.device))
+    v = divergence(target, normal.prompt_ids, normal.token_ids, spec.token_ids,
+                   reference=lambda: load_model(args.model, dtype="float32", device=args.device))
+    j = v["position"]
+    if "tie" not in v:
+        return f"  one output is a prefix of the other ({v['baseline_len']} vs {v['method_len']} tokens)"
     why = f"the target's top-2 logit margin there is {v['top2_margin']:.3g}"
     if "float32_gap" in v:
-        why += (f"; in float32 the two tokens are {abs(v['float32_gap']):.3g} apart and {str(target.dtype).removeprefix('torch.')} "
-                f"rounding moves that gap by {abs(v['rounding_shift']):.3g}")
+        dtype = str(target.dtype).removeprefix("torch.")
+        why += (f"; in float32 the two tokens are {abs(v['float32_gap']):.3g} apart and {dtype} rounding "
+                f"moves that gap by {abs(v['rounding_shift']):.3g}")
     verdict = ("a numerical tie: either token is the target's greedy choice up to rounding" if v["tie"]
                else "NOT a tie: a bug to report")
     return f"  they part at new token {j}: {why}, so {verdict}"

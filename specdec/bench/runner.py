@@ -169,6 +169,16 @@ def _last_logits(model, ids) -> torch.Tensor:
     return model.forward(ids, last_only=True)[-1]
 
 
+def divergence(target, prompt_ids, ref: list[int], mine: list[int], reference=None) -> dict:
+    """Where two greedy outputs part (`ref`, the baseline's; `mine`, a method's) and, unless
+    one is a prefix of the other, the target's margins there (`top2_margin`)."""
+    j = next((i for i, (a, b) in enumerate(zip(mine, ref)) if a != b), min(len(mine), len(ref)))
+    out = {"position": j, "baseline_len": len(ref), "method_len": len(mine)}
+    if j < min(len(mine), len(ref)):
+        out.update(top2_margin(target, prompt_ids, ref[:j], ref[j], mine[j], reference))
+    return out
+
+
 def top2_margin(target, prompt_ids, prefix, ours: int, theirs: int, reference=None) -> dict:
     """At a divergence (the baseline wrote `ours`, the method `theirs`): the target's logit
     gap between its top two tokens there, and between its choice and the method's token.
@@ -378,11 +388,7 @@ def aggregate(cfg, prompts, methods, records, costs, cold, target) -> dict:
                 mine, ref = per[p.id]["tokens"], base[p.id]["tokens"]
                 if mine == ref:
                     continue
-                j = next((i for i, (a, b) in enumerate(zip(mine, ref)) if a != b), min(len(mine), len(ref)))
-                entry = {"prompt": p.id, "position": j, "baseline_len": len(ref), "method_len": len(mine)}
-                if j < min(len(mine), len(ref)):
-                    entry.update(top2_margin(target, p.ids, ref[:j], ref[j], mine[j], reference))
-                mismatches.append(entry)
+                mismatches.append({"prompt": p.id} | divergence(target, p.ids, ref, mine, reference))
         out_methods.append({**m.describe(), "cold_seconds": cold[m.name], "overall": overall,
                             "categories": by_cat, "mismatches": mismatches})
     return {"methods": out_methods, "costs": costs,
