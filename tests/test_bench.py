@@ -313,6 +313,17 @@ def test_run_benchmark_ngram_and_peers(report):
         assert ms[name]["family"] == "transformers"
         assert "acceptance_rate" not in ms[name]["overall"] and "prefill_ms_mean" not in ms[name]["overall"]
     assert {p["id"]: p["grounded"] for p in report["prompts"]} == {"rag-lib": True, "qa-sky": False}
+    assert report["ceilings"]["k_max"] == 16 and set(report["ceilings"]) == {"k_max", "lookup"}
+    check_under_ceiling(report, {"spec-ngram-k2": "lookup", "spec-ngram-k4": "lookup", "spec-ngram-kauto": "lookup"})
+
+
+def check_under_ceiling(rep, kinds):
+    """No method passes more tokens per verification than its drafter's replayed best (float32: exact)."""
+    ms, c = methods_by_name(rep), rep["ceilings"]
+    for name, kind in kinds.items():
+        assert ms[name]["overall"]["tokens_per_step"] <= c[kind]["overall"] + 1e-9, (name, c)
+        for cat, v in ms[name]["categories"].items():
+            assert v["tokens_per_step"] <= c[kind]["categories"][cat] + 1e-9, (name, cat, c)
 
 
 @needs_model
@@ -353,6 +364,12 @@ def test_run_benchmark_with_draft_model(report_with_draft):
     assert o["cost_ratio_c"] == d["c"]
     assert report_with_draft["load_seconds"]["draft"] > 0
     assert ms["hf-assisted-draft"]["k"] == "hf-default"
+    # The target drafting for itself is right to the end: one pass could take the whole answer.
+    n = ms["normal"]["overall"]["tokens"]
+    assert report_with_draft["ceilings"]["draft"]["overall"] == n - 1
+    check_under_ceiling(report_with_draft, {"spec-ngram-k2": "lookup", "spec-draft-k2": "draft",
+                                            "spec-composite-k2": "lookup_or_draft", "spec-draft-kauto": "draft",
+                                            "spec-composite-kauto": "lookup_or_draft"})
     assert ms["hf-assisted-draft-k2"]["k"] == 2
     assert all(ms[n]["drafter"] == "draft" for n in ("hf-assisted-draft", "hf-assisted-draft-k2",
                                                      "hf-assisted-draft-heuristic", "spec-draft-k2"))

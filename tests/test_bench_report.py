@@ -69,6 +69,7 @@ def make_report(dtype="float32", ks=(2, 4)):
         "config": {"model": "tiny", "draft": None, "ks": list(ks), "max_tokens": 64, "trials": 2,
                    "temperature": 0.0, "top_k": None, "top_p": None},
         "load_seconds": {"target": 1.25, "transformers": NAN},
+        "ceilings": {"k_max": 16, "lookup": {"overall": 2.5, "categories": {"qa": 1.25, "summarization": 3.75}}},
     }
 
 
@@ -106,10 +107,21 @@ def test_write_report_writes_json_markdown_and_plots(tmp_path):
     assert "prompt `sum-1`, position 12: top-2 margin 0.125" in md  # above the float32 tolerance
     assert md.count("**MISMATCH**") == 2  # that one, and the length-only divergence
     assert "paired ratio" in md and "includes the prefill call" in md and "accepted drafts / drafted tokens" in md
+    ceilings = md.split("## How far the drafters could go")[1].split("##")[0]
+    assert "| category | prompt lookup at best | measured best |" in ceilings  # no draft model: one kind
+    assert "| qa | 1.25 | – |" in ceilings and "| summarization | 3.75 | – |" in ceilings
+    assert "| overall | 2.50 | 1.70 (spec-ngram-k4) |" in ceilings and "up to 16 drafts" in ceilings
 
     for name in R.PLOTS:
         assert_png(tmp_path / f"{name}.png")
         assert f"![{name}]({name}.png)" in md
+
+
+def test_no_ceilings_no_section(tmp_path):
+    report = make_report()
+    del report["ceilings"]  # sampled runs have none: the replay needs greedy outputs
+    R.write_report(report, tmp_path)
+    assert "How far the drafters" not in (tmp_path / "report.md").read_text()
 
 
 def test_half_precision_tolerance_and_single_k(tmp_path):

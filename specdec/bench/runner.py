@@ -25,7 +25,9 @@ import torch
 from .. import __version__
 from ..drafters import CompositeDrafter, ModelDrafter, NgramDrafter
 from ..models.loading import DEFAULT_MODEL, hf_checkpoint, load_model, resolve_dtype
+from ..schedule import AdaptiveK
 from . import methods as M
+from .ceiling import ceilings
 from .stats import predicted_speedup, summarize_ratios
 from .suite import load_suite, render
 
@@ -279,6 +281,10 @@ def _run(cfg: BenchConfig, progress: bool, log) -> dict:
                 bar.update()
     bar.close()
     report = aggregate(cfg, prompts, methods, records, costs, cold, target)
+    if cfg.temperature == 0:  # the replay needs the target's greedy output
+        outputs = {r["prompt"]: r["tokens"] for r in records if r["method"] == "normal" and r["trial"] == 0}
+        report["ceilings"] = ceilings(prompts, outputs, max([AdaptiveK().k_max, *cfg.ks]),
+                                      ModelDrafter(draft_model) if draft_model is not None else None)
     report.update(schema=SCHEMA, environment=environment(cfg, dtype), config=asdict(cfg), load_seconds=load_s)
     return report
 
@@ -380,7 +386,8 @@ def aggregate(cfg, prompts, methods, records, costs, cold, target) -> dict:
             if all(i in decode_ratios for i in ids):
                 entry["decode_speedup"] = summarize_ratios([decode_ratios[i] for i in ids])
             entry.update({key: val for key, val in _spec_metrics([per[i] for i in ids]).items()
-                          if key in ("acceptance_rate", "alpha", "tokens_per_target_call", "accepted_per_position")})
+                          if key in ("acceptance_rate", "alpha", "tokens_per_target_call", "tokens_per_step",
+                                     "accepted_per_position")})
             by_cat[cat] = entry
         mismatches = []
         if m.name != "normal" and cfg.temperature == 0:
