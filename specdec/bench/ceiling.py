@@ -24,7 +24,8 @@ from ..sampling import SamplingParams
 GREEDY = SamplingParams(temperature=0.0)
 
 
-def _agreeing(proposal, truth) -> int:
+def agreeing(proposal, truth) -> int:
+    """How many proposed tokens the target accepts: the length of the common prefix."""
     n = 0
     for a, b in zip(proposal, truth):
         if a != b:
@@ -43,7 +44,7 @@ def lookup_runs(prompt_ids: list[int], output: list[int], k_max: int,
     runs = [0]
     for t in range(1, len(output)):
         proposal, _ = lookup.propose(seq[: len(prompt_ids) + t], k_max, GREEDY, None)
-        runs.append(_agreeing(proposal, output[t:]))
+        runs.append(agreeing(proposal, output[t:]))
     return runs
 
 
