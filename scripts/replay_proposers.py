@@ -18,13 +18,14 @@ It generates the plain greedy outputs first (the default target, 128 tokens; a f
 from __future__ import annotations
 
 import argparse
+from collections import Counter, defaultdict
 
 import numpy as np
 import torch
 from tqdm import tqdm
 
 from specdec import ModelDrafter, generate, load_model, load_tokenizer
-from specdec.bench.ceiling import agreeing, draft_runs, fewest_passes, lookup_runs
+from specdec.bench.ceiling import agreeing, draft_choices, draft_runs, fewest_passes, lookup_runs
 from specdec.bench.suite import load_suite, render
 
 K_MAX = 16
@@ -52,14 +53,13 @@ def main() -> None:
     prompts = load_suite(categories=args.categories.split(","))
     render(prompts, target, tok)
     rules = ["latest match", "any match", "draft-guided", "composite rule", "lookup or draft"]
-    tokens, passes = {}, {}
+    tokens, passes = Counter(), defaultdict(Counter)
     for p in tqdm(prompts, desc="prompts"):
         out = generate(target, tok, p.ids, 128).token_ids
         seq = p.ids + out
         lookup = lookup_runs(p.ids, out, K_MAX)
-        drafted = draft_runs(drafter, p.ids, out, K_MAX)
-        drafter.model.reset(len(seq))
-        predicted = drafter.model.forward(seq).argmax(-1).tolist()  # predicted[i]: its token after seq[:i + 1]
+        predicted = draft_choices(drafter, seq)  # predicted[i]: its token after seq[:i + 1]
+        drafted = draft_runs(drafter, p.ids, out, K_MAX, predicted)
         runs = {rule: [0] for rule in rules}
         for t in range(1, len(out)):
             ids, truth = seq[: len(p.ids) + t], out[t:]
@@ -72,9 +72,9 @@ def main() -> None:
             runs["composite rule"].append(lookup[t] if starts else drafted[t])
             runs["lookup or draft"].append(max(lookup[t], drafted[t]))
         for where in (p.category, "all"):
-            tokens[where] = tokens.get(where, 0) + len(out) - 1
+            tokens[where] += len(out) - 1
             for rule in rules:
-                passes.setdefault(rule, {})[where] = passes.get(rule, {}).get(where, 0) + fewest_passes(runs[rule])
+                passes[rule][where] += fewest_passes(runs[rule])
     wheres = sorted(w for w in tokens if w != "all") + ["all"]
     print("tokens per verification pass at best:", " ".join(f"{w:>14s}" for w in wheres))
     for rule in rules:

@@ -49,20 +49,27 @@ def lookup_runs(prompt_ids: list[int], output: list[int], k_max: int,
 
 
 @torch.inference_mode()
-def draft_runs(drafter: ModelDrafter, prompt_ids: list[int], output: list[int], k_max: int) -> list[int]:
-    """runs[t] for a greedy draft model, from one pass over prompt + output.
+def draft_choices(drafter: ModelDrafter, seq: list[int]) -> list[int]:
+    """The draft's greedy token after each prefix seq[:i + 1], from one forward pass."""
+    drafter.model.reset(len(seq))
+    return drafter.model.forward(seq).argmax(-1).tolist()
+
+
+def draft_runs(drafter: ModelDrafter, prompt_ids: list[int], output: list[int], k_max: int,
+               choices: list[int] | None = None) -> list[int]:
+    """runs[t] for a greedy draft model (`choices`: its `draft_choices` on prompt + output, if
+    already at hand).
 
     While its proposals are right, the draft's inputs are the accepted tokens themselves,
     so its greedy proposals from position t are its argmaxes along the true sequence, read
     from a single forward pass (in half precision a near-tie may round the other way than
     in the step-by-step passes; the run is then off by the rest of that run)."""
-    seq = list(prompt_ids) + list(output)
-    drafter.model.reset(len(seq))
-    predicted = drafter.model.forward(seq).argmax(-1).tolist()  # predicted[i]: the token after seq[:i + 1]
+    if choices is None:
+        choices = draft_choices(drafter, list(prompt_ids) + list(output))
     p, n = len(prompt_ids), len(output)
     runs = [0] * (n + 1)
     for t in range(n - 1, 0, -1):
-        runs[t] = min(runs[t + 1] + 1, k_max) if predicted[p + t - 1] == output[t] else 0
+        runs[t] = min(runs[t + 1] + 1, k_max) if choices[p + t - 1] == output[t] else 0
     return runs[:n]
 
 
