@@ -28,6 +28,7 @@ import argparse
 import json
 import math
 import random
+import statistics
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -41,6 +42,7 @@ from tqdm import tqdm
 
 from specdec import ModelDrafter, generate, load_model, load_tokenizer
 from specdec.bench.ceiling import draft_runs, fewest_passes, lookup_runs
+from specdec.bench.runner import forward_ms
 from specdec.bench.suite import load_suite, render
 from specdec.distill import load_data
 from specdec.drafters import find_match
@@ -233,44 +235,24 @@ def replay(prompts, outputs, drafts: dict, k: int = 4) -> dict:
 
 
 @torch.inference_mode()
-def timed(fn, reps=30) -> float:
-    fn()
-    start = time.perf_counter()
-    for _ in range(reps):
-        fn()
-    return (time.perf_counter() - start) / reps
-
-
-@torch.inference_mode()
 def costs(target, shipped: ModelDrafter, trained: FeatureDraft, head_tokens, context: int = 300) -> dict:
-    """Seconds of the target's 1- and 5-token passes after `context` tokens, and of one
-    step of each draft in bfloat16 (c: a draft step / a 1-token target pass)."""
-    ctx = list(range(1000, 1000 + context))
-    target.reset(context + 8)
-    target.forward(ctx)
-
-    def target_pass(n):
-        def run():
-            target.rollback(context)
-            target.forward(ctx[:n])
-        return run
-
-    t1, t5 = timed(target_pass(1)), timed(target_pass(5))
+    """The target's 1-token pass (ms) and its 5-token pass relative to it, after `context`
+    tokens, and c (a draft step / a 1-token target pass) for each draft in bfloat16."""
+    t1 = forward_ms(target, 1, context)
     layer = FeatureDraft(target).to(torch.bfloat16)
     layer.load_state_dict(trained.state_dict())
     head = Head(target, head_tokens, torch.bfloat16)
     cache = torch.zeros(1, layer.kvh, context, layer.hd, dtype=torch.bfloat16)
-    emb, feat = target.module.model.embed_tokens(torch.tensor([5])), torch.zeros(1, layer.fc.out_features, dtype=torch.bfloat16)
-    t_feature = timed(lambda: head.logits(layer(emb, feat, start=context, past=(cache, cache))[0]).argmax())
-    shipped.begin(context + 8)
-    shipped.model.forward(ctx)
-
-    def shipped_step():
-        shipped.model.rollback(context)
-        shipped.model.forward(ctx[:1])
-
-    t_shipped = timed(shipped_step)
-    return {"t1": t1, "verify": t5 / t1, "feature": t_feature / t1, "shipped draft": t_shipped / t1}
+    emb = target.module.model.embed_tokens(torch.tensor([5]))
+    feat = torch.zeros(1, layer.fc.out_features, dtype=torch.bfloat16)
+    times = []
+    for _ in range(17):
+        start = time.perf_counter()
+        head.logits(layer(emb, feat, start=context, past=(cache, cache))[0]).argmax()
+        times.append(time.perf_counter() - start)
+    return {"t1": t1, "verify": forward_ms(target, 5, context) / t1,
+            "feature": statistics.median(times[2:]) * 1e3 / t1,
+            "shipped draft": forward_ms(shipped.model, 1, context) / t1}
 
 
 def main() -> None:
@@ -319,7 +301,7 @@ def main() -> None:
         "shipped draft": lambda ids, out: draft_runs(shipped_drafter, ids, out, K_MAX)})
     c = costs(target, shipped_drafter, draft, shipped.head_tokens)
 
-    print(f"\ntarget pass {c['t1'] * 1e3:.1f} ms (1 token), verify cost at 5 tokens {c['verify']:.2f}; one draft "
+    print(f"\ntarget pass {c['t1']:.1f} ms (1 token), verify cost at 5 tokens {c['verify']:.2f}; one draft "
           f"step: feature layer c = {c['feature']:.3f}, shipped draft c = {c['shipped draft']:.3f}\n")
     print("| category | draft | first draft right | tokens/pass k=4 | at best | composite rule k=4 "
           "| lookup or it, at best | decode speedup, composite k=4 (est.) |")
