@@ -236,10 +236,10 @@ def _explain_divergence(normal, spec, target, args) -> str:
     return f"  they part at new token {j}: {why}, so {verdict}"
 
 
-def _int_list(text: str) -> list[int]:
-    values = [_positive_int(v) for v in text.split(",") if v.strip()]
+def _k_list(text: str) -> list:
+    values = [_k(v.strip()) for v in text.split(",") if v.strip()]
     if not values:
-        raise argparse.ArgumentTypeError("expected a comma-separated list of integers")
+        raise argparse.ArgumentTypeError("expected a comma-separated list of k values ('auto' or integers)")
     return values
 
 
@@ -254,7 +254,7 @@ def cmd_bench(args) -> int:
                    dtype=args.dtype, device=args.device, threads=args.threads,
                    prompts=args.prompts, categories=args.categories.split(",") if args.categories else None,
                    per_category=args.per_category, max_tokens=args.max_tokens, trials=args.trials, ks=args.ks,
-                   peers=not args.no_peers, auto=None if args.quick else not args.no_auto, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
+                   peers=not args.no_peers, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
     cfg = BenchConfig.quick_config(**options) if args.quick else BenchConfig(
         **{k: v for k, v in options.items() if v is not None})
     cfg.validate()
@@ -331,12 +331,12 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--per-category", type=_positive_int, default=None, help="at most this many prompts per category")
     b.add_argument("--max-tokens", type=_positive_int, default=None, help="default 128 (48 with --quick)")
     b.add_argument("--trials", type=_positive_int, default=None, help="default 3 (2 with --quick)")
-    b.add_argument("--num-draft-tokens", dest="ks", type=_int_list, default=None, help="e.g. 2,4,8 (the default)")
+    b.add_argument("--num-draft-tokens", dest="ks", type=_k_list, default=None, help="k values to run for each "
+                   "drafter: 'auto' (the default, as in the API) and/or integers, e.g. auto,2,4,8 for a k sweep")
     b.add_argument("--temperature", type=_float, default=None, help="0 (the default) is greedy")
     b.add_argument("--top-k", type=_positive_int, default=None)
     b.add_argument("--top-p", type=_float, default=None)
     b.add_argument("--no-peers", action="store_true", help="skip transformers' generate / assisted / prompt lookup")
-    b.add_argument("--no-auto", action="store_true", help="skip num_draft_tokens='auto' (always skipped by --quick)")
     b.add_argument("--quick", action="store_true", help="a smoke run: one prompt per category, short outputs")
     b.add_argument("--out", default="bench-out", help="directory for report.json, report.md and plots")
     b.set_defaults(func=cmd_bench)

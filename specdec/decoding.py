@@ -30,6 +30,9 @@ class Stats:
     accepted: proposed tokens the target accepted (bonus and correction tokens excluded).
     rejections: steps in which a proposed token was rejected (accepted / (accepted +
         rejections) estimates the per-token acceptance probability alpha of Leviathan et al.).
+    plain_steps: verification passes with nothing drafted, so plain decoding steps: the
+        drafter had no proposal (no n-gram match, or a draft model past its own context),
+        or `num_draft_tokens="auto"` chose k = 0.
     accepted_per_position[i]: among steps that proposed at least i+1 tokens, the fraction
         in which drafts 1..i+1 were all accepted. (With a fixed proposal length it can only
         fall with i; a drafter that proposes fewer tokens on some steps can break that.)
@@ -43,6 +46,7 @@ class Stats:
     drafted: int = 0
     accepted: int = 0
     rejections: int = 0
+    plain_steps: int = 0
     generated: int = 0
     proposed_at: list[int] = field(default_factory=list)  # steps that proposed >= i+1 tokens
     accepted_at: list[int] = field(default_factory=list)  # steps that accepted >= i+1 tokens
@@ -68,6 +72,7 @@ class Stats:
         self.drafted += drafted
         self.accepted += accepted
         self.rejections += accepted < drafted
+        self.plain_steps += drafted == 0
         for store, n in ((self.proposed_at, drafted), (self.accepted_at, accepted)):
             store.extend([0] * (n - len(store)))
             for i in range(n):
@@ -267,16 +272,20 @@ def generate(model, tokenizer, prompt, max_tokens: int, *, temperature=0.0, top_
     return Generation(out, _decode(tokenizer, out), reason, stats, prompt_ids)
 
 
-def speculative_generate(model, draft, tokenizer, prompt, max_tokens: int, *, num_draft_tokens=4,
+def speculative_generate(model, draft, tokenizer, prompt, max_tokens: int, *, num_draft_tokens="auto",
                          temperature=0.0, top_k=None, top_p=None, seed=None, chat=False,
                          stream: Callable[[list[int]], None] | None = None) -> Generation:
     """Speculative decoding: the drafter proposes k tokens, the target scores
     [pending, d1..dk] in one pass, and the acceptance rule keeps a prefix plus one
     target token. Greedy output equals `generate`'s; sampled output has its distribution.
 
-    num_draft_tokens: k, or "auto" to choose k (0 included) each step from the measured
-    acceptance and costs (see `specdec.schedule.AdaptiveK`), or an `AdaptiveK` to do the
-    same starting from what it learned in earlier calls (and going on learning)."""
+    num_draft_tokens: "auto" (the default) chooses k (0 included) each step from the measured
+    acceptance and costs (see `specdec.schedule.AdaptiveK`); an `AdaptiveK` does the same
+    starting from what it learned in earlier calls (and goes on learning); an integer k
+    drafts k tokens a step.
+
+    A draft model's own context limits only the draft: past it, a step drafts nothing (a
+    plain decoding step, counted in `stats.plain_steps`) and the output is unchanged."""
     model = as_language_model(model, tokenizer)
     drafter = as_drafter(draft, tokenizer)
     k = num_draft_tokens
@@ -289,7 +298,6 @@ def speculative_generate(model, draft, tokenizer, prompt, max_tokens: int, *, nu
         raise ValueError(f"num_draft_tokens must be an integer >= 1, 'auto' or an AdaptiveK, got {k!r}")
     check_same_vocab(model, drafter, tokenizer)
     params, prompt_ids = _check_request(model, tokenizer, prompt, max_tokens, temperature, top_k, top_p, seed, chat)
-    check_context(drafter.max_context, "the draft", len(prompt_ids), max_tokens)
     stats = Stats()
     out: list[int] = []
     if max_tokens == 0:
@@ -310,11 +318,13 @@ def speculative_generate(model, draft, tokenizer, prompt, max_tokens: int, *, nu
         stream([token])
     while not reason:
         ids = prompt_ids + out
+        # No source (no lookup match, a draft model past its context): a plain step. A fixed
+        # k takes the drafter's preferred source.
+        sources = drafter.sources(ids)
+        source, k_step = (sources[0], k) if sources else (None, 0)
+        if schedule and sources:
+            source, k_step = schedule.choose(sources)
         # Drafts past max_tokens - 1 could never be kept: the step always adds one target token.
-        source, k_step = None, k
-        if schedule:
-            sources = drafter.sources(ids)
-            source, k_step = schedule.choose(sources) if sources else (None, 0)
         k_step = min(k_step, max_tokens - len(out) - 1)
         spent = dict(stats.timings) if schedule else None  # the schedule learns from each step's costs
         drafted, q = [], None

@@ -7,7 +7,8 @@ them from (None when it is deterministic: q is then one-hot on each proposal).
     drafter.begin(capacity)                 before a generation
     drafter.prefill(prompt_ids)             read the prompt (a draft model fills its cache)
     drafter.sources(ids)                    the proposers that could answer here, preferred first
-    drafter.propose(ids, k, params, gen, source=None)  -> (tokens, q or None)
+                                            (none: the step is a plain decoding step)
+    drafter.propose(ids, k, params, gen, source=None)  -> (tokens, q or None), at most k tokens
     drafter.commit(ids)                     the accepted sequence after verification
 """
 from __future__ import annotations
@@ -26,7 +27,7 @@ class Drafter:
 
     vocab_size: int | None = None
     tokenizer = None
-    max_context: int | None = None  # positions a draft model can hold; None: no limit
+    max_context: int | None = None  # positions a draft model can hold (it limits only the draft); None: no limit
 
     def __init__(self):
         self.calls = 0
@@ -118,6 +119,10 @@ class ModelDrafter(Drafter):
     instead of paying draft and verify time for tokens that will be rejected. The decision
     depends only on the draft's own distribution, so the acceptance rule stays exact.
 
+    Its own context limits only the draft: proposing k tokens after n accepted ones runs
+    positions up to n + k - 2, so past `max_context` it proposes fewer, then nothing (the
+    loop takes plain steps), and a prompt longer than its context is never read.
+
     Head tokens: the draft scores only these tokens (q is 0 elsewhere, which the acceptance
     rule handles exactly like any other q). Its output head is most of a small draft's cost
     and most of its rows are tokens the target rarely writes. "auto" takes the list the
@@ -144,8 +149,15 @@ class ModelDrafter(Drafter):
 
     def begin(self, capacity: int) -> None:
         super().begin(capacity)
-        self.model.reset(capacity)
+        self.model.reset(min(capacity, self.max_context))
         self._seen, self._base = [], 0
+
+    def room(self, ids: list[int]) -> int:
+        """How many tokens it can propose after `ids` within its context (<= 0: none)."""
+        return self.max_context + 1 - len(ids)
+
+    def sources(self, ids):
+        return ("model",) if self.room(ids) > 0 else ()
 
     def _forward(self, tokens, last_only=False) -> torch.Tensor:
         self.calls += 1
@@ -155,11 +167,16 @@ class ModelDrafter(Drafter):
     def prefill(self, prompt_ids):
         # Read the prompt once, up front, so that no proposal (and no cost estimate of
         # `num_draft_tokens="auto"`) carries it.
+        if len(prompt_ids) > self.max_context:
+            return  # it will never propose: sources() is empty from the start
         start = time.perf_counter()
         self._forward(prompt_ids, last_only=True)
         self.seconds += time.perf_counter() - start
 
     def propose(self, ids, k, params, generator, source=None):
+        k = min(k, self.room(ids))
+        if k <= 0:
+            return [], None
         start = time.perf_counter()
         assert self._seen == ids[: len(self._seen)], "draft cache diverged from the accepted sequence"
         if len(self._seen) >= len(ids):  # all seen (asked twice, say): rerun the last token for its logits
@@ -226,13 +243,14 @@ class CompositeDrafter(Drafter):
         self.calls, self.seconds = self.model.calls, self.model.seconds
 
     def sources(self, ids):
-        return self.lookup.sources(ids) + ("model",)
+        # Past the model's context the lookup goes on alone.
+        return self.lookup.sources(ids) + self.model.sources(ids)
 
     def propose(self, ids, k, params, generator, source=None):
         tokens, q = [], None
         if source != "model":
             tokens, q = self.lookup.propose(ids, k, params, generator)
-        if not tokens:  # no match (or the schedule chose the model): the model drafts
+        if not tokens:  # no match (or the schedule chose the model): the model drafts, if it has room
             tokens, q = self.model.propose(ids, k, params, generator)
         self.calls, self.seconds = self.model.calls, self.lookup.seconds + self.model.seconds
         return tokens, q

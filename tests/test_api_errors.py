@@ -141,16 +141,6 @@ def test_good_call_still_works(models):
     assert call_generate(models, prompt=torch.tensor(PROMPT)).token_ids == call_generate(models).token_ids
 
 
-def test_draft_with_a_shorter_context(models, no_compute):
-    import transformers
-
-    cfg = transformers.GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=1, n_head=4, n_positions=32,
-                                  bos_token_id=None, eos_token_id=None)
-    short = transformers.GPT2LMHeadModel(cfg).eval()
-    with pytest.raises(ValueError, match="context"):
-        speculative_generate(models["target"], short, None, [1] * 10, 40)
-
-
 class CountingTokenizer:
     """Just what the vocabulary check reads, counting how often it builds the vocabulary."""
 

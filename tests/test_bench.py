@@ -143,7 +143,7 @@ def test_bundled_suite():
     assert all(len(v) >= 10 for v in by_cat.values()), {c: len(v) for c, v in by_cat.items()}
     ids = [p.id for p in prompts]
     assert len(ids) == len(set(ids))
-    assert GROUNDED == {"summarization", "rag", "code_editing"} and GROUNDED <= set(by_cat)
+    assert GROUNDED & set(by_cat) == {"summarization", "rag", "code_editing"}
     for p in prompts:
         assert p.grounded == (p.category in GROUNDED), p.id
         assert p.turns and all(isinstance(t, str) and t.strip() for t in p.turns), p.id
@@ -189,6 +189,61 @@ def test_custom_suite_fields_and_defaults(tmp_path):
     assert p[1].turns == ["Summarize: cats sleep a lot."]
 
 
+# Spec-Bench's question.jsonl form, with texts written for this test (none of Spec-Bench's items).
+SPEC_BENCH_ROWS = [
+    {"question_id": 1, "category": "writing", "turns": ["Write a short note inviting a neighbour to tea.",
+                                                        "Now make it twice as formal."]},
+    {"question_id": 161, "category": "summarization",
+     "turns": ["Summarize: The town council voted on Tuesday to keep the old bridge open to cyclists while a "
+               "new one is built upstream. Work starts in spring."], "reference": ["ignored"]},
+    {"question_id": 401, "category": "rag", "turns": ["Passage: Ravens can live for forty years.\n\nQuestion: "
+                                                      "How long can ravens live?"]},
+]
+
+
+def test_spec_bench_question_format(tmp_path):
+    p = load_suite(write_jsonl(tmp_path / "question.jsonl", SPEC_BENCH_ROWS))
+    assert [x.id for x in p] == ["1", "161", "401"]
+    assert [x.category for x in p] == ["writing", "summarization", "rag"]
+    assert [len(x.turns) for x in p] == [2, 1, 1]  # a later turn follows the target's own reply
+    assert [x.grounded for x in p] == [False, True, True]
+    assert [x.id for x in load_suite(tmp_path / "question.jsonl", categories=["rag"])] == ["401"]
+
+
+@pytest.mark.parametrize("rows, needle", [
+    ([{"question_id": "7", "category": "qa", "turns": ["Why?"]}], "question_id"),
+    ([{"question_id": 7, "category": "qa", "turns": ["Why?"]}, {"question_id": 7, "category": "qa",
+                                                                 "turns": ["How?"]}], "duplicate prompt id '7'"),
+])
+def test_spec_bench_bad_ids(tmp_path, rows, needle):
+    with pytest.raises(ValueError, match=needle):
+        load_suite(write_jsonl(tmp_path / "question.jsonl", rows))
+
+
+def test_bench_default_methods_use_auto(tmp_path):
+    """The default method set is the API's default, `auto`; fixed k runs only when asked, and
+    transformers' peers then take transformers' own settings."""
+    from specdec.bench.runner import build_methods
+    from tiny import tiny_hf_model
+
+    target = load_model(save_tiny(tmp_path / "t"), dtype="float32")
+    hf = tiny_hf_model()
+    names = lambda cfg: [m.name for m in build_methods(cfg, target, target, hf, hf)]  # noqa: E731
+    cfg = BenchConfig()
+    cfg.validate()
+    assert cfg.ks == ["auto"]
+    assert names(cfg) == ["normal", "spec-ngram-kauto", "spec-draft-kauto", "spec-composite-kauto", "hf-greedy",
+                          "hf-prompt-lookup-k10", "hf-assisted-draft", "hf-assisted-draft-heuristic"]
+    sweep = BenchConfig(ks=[8, "auto", 2, 4])
+    sweep.validate()
+    assert sweep.ks == [2, 4, 8, "auto"]
+    assert [n for n in names(sweep) if n.startswith("hf-")] == [
+        "hf-greedy", "hf-prompt-lookup-k4", "hf-assisted-draft", "hf-assisted-draft-k4", "hf-assisted-draft-heuristic"]
+    for bad in ([], [0], ["x"], [True]):
+        with pytest.raises(ValueError, match="num_draft_tokens"):
+            BenchConfig(ks=bad).validate()
+
+
 def test_custom_suite_unknown_category_and_empty(tmp_path):
     path = write_jsonl(tmp_path / "mine.jsonl", [{"category": "qa", "turns": ["Why?"]}])
     with pytest.raises(ValueError, match="nope"):
@@ -220,7 +275,7 @@ def prompt_file(tmp_path_factory):
 @pytest.fixture(scope="module")
 def report(prompt_file):
     cfg = BenchConfig(model=MODEL, dtype="float32", threads=TORCH_THREADS, prompts=str(prompt_file), max_tokens=12,
-                      trials=2, ks=[2, 4], peers=True)
+                      trials=2, ks=["auto", 4, 2], peers=True)
     return run_benchmark(cfg, progress=False, log=lambda msg: None)
 
 
@@ -228,7 +283,7 @@ def report(prompt_file):
 def report_with_draft(prompt_file):
     """The target as its own draft model: exercises the model drafter and assisted-generation peers."""
     cfg = BenchConfig(model=MODEL, draft=MODEL, dtype="float32", threads=TORCH_THREADS, prompts=str(prompt_file),
-                      categories=["rag"], max_tokens=8, trials=1, ks=[2], peers=True)
+                      categories=["rag"], max_tokens=8, trials=1, ks=[2, "auto"], peers=True)
     return run_benchmark(cfg, progress=False, log=lambda msg: None)
 
 
@@ -273,7 +328,9 @@ def check_common(rep, expected_names, n_prompts, trials):
             assert str(m["k"]) == name.rsplit("-k", 1)[1]
     costs = rep["costs"]
     assert costs["target_forward_ms"] > 0
-    assert set(costs["verify_cost"]) == {str(k) for k in rep["config"]["ks"]}
+    assert rep["config"]["ks"][-1] == "auto"  # fixed k values first, in order, then auto
+    fixed = [k for k in rep["config"]["ks"] if k != "auto"]
+    assert fixed == sorted(fixed) and set(costs["verify_cost"]) == {str(k) for k in [*fixed, 1, 2, 4, 8]}
     assert all(v > 0 and math.isfinite(v) for v in costs["verify_cost"].values())
     # records: every timed run, cold runs excluded
     records = rep["records"]

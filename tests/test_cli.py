@@ -122,6 +122,8 @@ def test_generate_empty_prompt(capsys, no_load):
     (["bench", "--num-draft-tokens", "0"], ["--num-draft-tokens"]),
     (["bench", "--num-draft-tokens", "2,x"], ["--num-draft-tokens", "not an integer"]),
     (["bench", "--num-draft-tokens", ","], ["--num-draft-tokens"]),
+    (["bench", "--num-draft-tokens", "auto,0"], ["--num-draft-tokens", ">= 1"]),
+    (["bench", "--no-auto"], ["unrecognized arguments", "--no-auto"]),
     (["bench", "--threads", "0"], ["--threads"]),
     (["bench", "--trials", "0"], ["--trials"]),
     (["demo", "--max-tokens", "0"], ["--max-tokens"]),
@@ -331,6 +333,28 @@ def test_generate_with_auto_draft_length(capsys):
                        "--dtype", "float32")
     assert rc == 0, err
     assert SUMMARY.match(err.strip().splitlines()[-1])
+
+
+@needs_model
+def test_bench_runs_a_spec_bench_file_with_the_default_methods(capsys, tmp_path):
+    import json
+
+    from test_bench import SPEC_BENCH_ROWS
+
+    questions = tmp_path / "question.jsonl"
+    questions.write_text("".join(json.dumps(r) + "\n" for r in SPEC_BENCH_ROWS[:2]))
+    rc, out, err = run(capsys, "bench", "--prompts", questions, "--no-peers", "--max-tokens", 6, "--trials", 1,
+                       "--threads", 2, "--dtype", "float32", "--out", tmp_path / "out")
+    assert rc == 0, err
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert [p["id"] for p in report["prompts"]] == ["1", "161"]
+    # the defaults: the shipped draft, every drafter with k = auto, no fixed k
+    assert [m["name"] for m in report["methods"]] == ["normal", "spec-ngram-kauto", "spec-draft-kauto",
+                                                      "spec-composite-kauto"]
+    for m in report["methods"]:
+        assert set(m["categories"]) == {"writing", "summarization"}
+        assert m["mismatches"] == []  # float32 greedy
+    assert "spec-composite-kauto" in out
 
 
 def test_num_draft_tokens_must_be_a_number_or_auto(capsys):

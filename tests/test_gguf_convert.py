@@ -132,3 +132,73 @@ def test_conversion_replaces_existing_directory(tmp_path, monkeypatch):
     assert convert_gguf(tmp_path / "model.gguf", tmp_path / "out", progress=False) == (tmp_path / "out").resolve()
     assert [p.name for p in tmp_path.iterdir()] == ["out"]
     assert [p.name for p in (tmp_path / "out").iterdir()] == ["new"]
+
+
+# What llama.cpp's convert_hf_to_gguf.py (and vLLM, which picks its model class the same way)
+# needs from a Llama-family checkpoint directory, as it reads it: the model class from
+# config.json's "architectures", then the text model's hyperparameters, then the tokenizer.
+GGUF_CONVERTER_ARCHITECTURES = {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM"}
+GGUF_CONVERTER_HPARAMS = ("num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads",
+                          "num_key_value_heads", "rms_norm_eps", "max_position_embeddings", "vocab_size")
+
+
+def check_convertible(path: Path) -> dict:
+    """Raise as convert_hf_to_gguf.py would on what it cannot find; its findings otherwise."""
+    import json
+
+    hparams = json.loads((path / "config.json").read_text())
+    arches = hparams.get("architectures") or []
+    if not arches:
+        raise ValueError("Failed to detect model architecture")
+    if arches[0] not in GGUF_CONVERTER_ARCHITECTURES:
+        raise ValueError(f"Model {arches[0]} is not supported")
+    missing = [k for k in GGUF_CONVERTER_HPARAMS if k not in hparams]
+    if missing:
+        raise KeyError(f"could not find any of: {missing}")
+    rope = hparams.get("rope_parameters") or hparams.get("rope_scaling") or {}
+    theta = rope.get("rope_theta", hparams.get("rope_theta"))
+    if not (path / "tokenizer.json").exists():
+        raise FileNotFoundError("tokenizer.json")
+    if not list(path.glob("*.safetensors")):
+        raise FileNotFoundError("no safetensors weights")
+    gen = path / "generation_config.json"
+    eos = json.loads(gen.read_text()).get("eos_token_id") if gen.exists() else None
+    return {"architecture": arches[0], "rope_theta": theta, "dtype": hparams.get("dtype"),
+            "bos": hparams.get("bos_token_id"), "eos": hparams.get("eos_token_id") if eos is None else eos}
+
+
+def test_the_reader_refuses_a_config_without_architectures(tmp_path):
+    # The check itself can fail: a config as older specdec versions wrote it.
+    (tmp_path / "config.json").write_text('{"model_type": "llama", "hidden_size": 8}')
+    with pytest.raises(ValueError, match="Failed to detect model architecture"):
+        check_convertible(tmp_path)
+
+
+def test_converted_config_names_its_architecture(converted):
+    found = check_convertible(converted)
+    assert found["architecture"] == "LlamaForCausalLM"
+    assert found["rope_theta"] == 100000.0 and found["dtype"] == "float32"
+    assert found["bos"] == 1 and found["eos"] == 2
+    assert AutoConfig.from_pretrained(converted).architectures == ["LlamaForCausalLM"]
+
+
+def test_an_older_conversion_in_the_cache_is_redone(tmp_path, monkeypatch):
+    import specdec.models.loading as loading
+
+    calls = []
+
+    def convert(gguf, out, **kw):
+        calls.append(out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "config.json").write_text("{}")
+
+    monkeypatch.setattr(gguf_convert, "convert_gguf", convert)
+    out = tmp_path / "model"
+    out.mkdir()
+    (out / "config.json").write_text("{}")  # converted by an older version: no stamp
+    assert loading._convert_once(tmp_path / "m.gguf", out) == out and calls == [out]
+    loading._convert_once(tmp_path / "m.gguf", out)
+    assert calls == [out]  # stamped: not converted again
+    (out / loading.CONVERSION_STAMP).write_text("1")
+    loading._convert_once(tmp_path / "m.gguf", out)
+    assert calls == [out, out]

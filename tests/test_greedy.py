@@ -255,3 +255,9 @@ def test_gpt2_speculative_equals_greedy(draft_kind, k, gpt2, gpt2_reference, mod
         check_stats(res, drafter_has_model=draft_kind != "ngram")
         if draft_kind == "self":
             assert res.stats.acceptance_rate == 1.0 and res.stats.tokens_per_target_call > 1.0
+
+
+def test_auto_is_the_default_k():
+    import inspect
+
+    assert inspect.signature(speculative_generate).parameters["num_draft_tokens"].default == "auto"

@@ -225,6 +225,15 @@ def test_shipped_draft_is_small_and_complete(shipped_draft):
     assert len(head["token_ids"]) >= 8192 and head["heldout_coverage"] > 0.9
 
 
+@pytest.mark.parametrize("name", [MODEL, DRAFT])
+def test_embedded_checkpoints_have_standard_configs(name, shipped_draft):
+    from test_gguf_convert import check_convertible
+
+    found = check_convertible(hf_checkpoint(name))
+    assert found["architecture"] == "LlamaForCausalLM" and found["rope_theta"] == 100000.0
+    assert found["bos"] == 1 and found["eos"] == 2 and found["dtype"] in ("float32", "bfloat16")
+
+
 def test_shipped_draft_loads_in_transformers_and_natively(shipped_draft, hf, tok):
     from transformers import AutoModelForCausalLM
 

@@ -46,19 +46,19 @@ class BenchConfig:
     per_category: int | None = None
     max_tokens: int = 128
     trials: int = 3
-    ks: list[int] = field(default_factory=lambda: [2, 4, 8])
+    # num_draft_tokens values to run for each drafter: integers and/or "auto" (the API's default).
+    ks: list = field(default_factory=lambda: ["auto"])
     temperature: float = 0.0  # 0 is greedy; outputs are then checked against the baseline
     top_k: int | None = None
     top_p: float | None = None
     peers: bool = True  # transformers' generate / assisted / prompt lookup
-    auto: bool = True  # also num_draft_tokens="auto" for each drafter
     min_confidence: float = 0.0  # > 0: also the draft model with this confidence stop ("draft-stop")
     quick: bool = False
 
     @classmethod
     def quick_config(cls, **overrides) -> "BenchConfig":
         """A smoke run for CI and newcomers: one prompt per category, short outputs."""
-        base = dict(per_category=1, max_tokens=48, trials=2, ks=[4], auto=False, quick=True)
+        base = dict(per_category=1, max_tokens=48, trials=2, quick=True)
         base.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**base)
 
@@ -67,9 +67,10 @@ class BenchConfig:
             raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
         if self.trials < 1:
             raise ValueError(f"trials must be >= 1, got {self.trials}")
-        if not self.ks or any(k < 1 for k in self.ks):
-            raise ValueError(f"num_draft_tokens values must be >= 1, got {self.ks}")
-        self.ks = sorted(set(self.ks))
+        bad = [k for k in self.ks if k != "auto" and (not isinstance(k, int) or isinstance(k, bool) or k < 1)]
+        if not self.ks or bad:
+            raise ValueError(f"num_draft_tokens values must be integers >= 1 or 'auto', got {self.ks}")
+        self.ks = sorted({k for k in self.ks if k != "auto"}) + ["auto"] * ("auto" in self.ks)
         if not 0.0 <= self.min_confidence < 1.0:
             raise ValueError(f"min_confidence must be in [0, 1), got {self.min_confidence}")
         if self.threads is not None and self.threads < 1:
@@ -79,6 +80,10 @@ class BenchConfig:
         check_sampling(self.temperature, self.top_k, self.top_p)
         if self.device.startswith("cuda") and not torch.cuda.is_available():
             raise ValueError("device cuda requested but no CUDA GPU is available")
+
+    @property
+    def fixed_ks(self) -> list[int]:
+        return [k for k in self.ks if k != "auto"]
 
 
 def environment(cfg: BenchConfig, dtype) -> dict:
@@ -109,6 +114,14 @@ def environment(cfg: BenchConfig, dtype) -> dict:
     }
 
 
+# Verify costs measured in every run, beside the fixed k values asked for: what `auto` weighs.
+VERIFY_KS = (1, 2, 4, 8)
+# transformers' prompt lookup without a fixed k to match: the value its documentation uses.
+HF_PROMPT_LOOKUP_K = 10
+# transformers' assisted generation starts its heuristic schedule from num_assistant_tokens (default 20).
+HF_ASSISTANT_TOKENS = 20
+
+
 def forward_ms(model, n_tokens: int, context: int = 256, reps: int = 15) -> float:
     """Median time of one forward pass of n_tokens after `context` cached tokens."""
     model.reset(context + n_tokens)
@@ -127,7 +140,7 @@ def forward_ms(model, n_tokens: int, context: int = 256, reps: int = 15) -> floa
 def measure_costs(target, drafts: dict, ks) -> dict:
     """Cost ratio c per draft model and the target's verify cost for k+1 tokens vs 1."""
     t1 = forward_ms(target, 1)
-    verify = {str(k): forward_ms(target, k + 1) / t1 for k in ks}
+    verify = {str(k): forward_ms(target, k + 1) / t1 for k in sorted({*ks, *VERIFY_KS})}
     out = {"target_forward_ms": t1, "verify_cost": verify, "drafts": {}}
     for name, model in drafts.items():
         d1 = forward_ms(model, 1)
@@ -138,7 +151,7 @@ def measure_costs(target, drafts: dict, ks) -> dict:
 def build_methods(cfg: BenchConfig, target, draft_model, hf, hf_draft) -> list[M.Method]:
     # A fixed seed: each prompt's sampled output is the same in every trial, so trials time the same work.
     sp = dict(temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p, seed=0)
-    ks = cfg.ks + (["auto"] if cfg.auto else [])
+    ks = cfg.ks
     drafters = {"ngram": NgramDrafter}
     if draft_model is not None:
         drafters.update(draft=lambda: ModelDrafter(draft_model), composite=lambda: CompositeDrafter(draft_model))
@@ -149,14 +162,15 @@ def build_methods(cfg: BenchConfig, target, draft_model, hf, hf_draft) -> list[M
     methods: list[M.Method] = [M.Normal(target, sp)]
     methods += [M.Speculative(target, make(), name, k, sp) for name, make in drafters.items() for k in ks]
     if hf is not None:
-        eos = target.eos_token_ids
+        eos, fixed = target.eos_token_ids, cfg.fixed_ks
+        mid_k = fixed[len(fixed) // 2] if fixed else None  # the peers' fixed k: ours where we run one
         methods.append(M.hf_generate(hf, eos, sp))
-        mid_k = cfg.ks[len(cfg.ks) // 2]
-        methods.append(M.hf_prompt_lookup(hf, eos, sp, mid_k))
+        methods.append(M.hf_prompt_lookup(hf, eos, sp, mid_k or HF_PROMPT_LOOKUP_K))
         if hf_draft is not None:
             methods.append(M.hf_assisted_default(hf, hf_draft, eos, sp, "draft"))
-            methods.append(M.hf_assisted_constant(hf, hf_draft, eos, sp, "draft", mid_k))
-            methods.append(M.hf_assisted_heuristic(hf, hf_draft, eos, sp, "draft", mid_k))
+            if mid_k:
+                methods.append(M.hf_assisted_constant(hf, hf_draft, eos, sp, "draft", mid_k))
+            methods.append(M.hf_assisted_heuristic(hf, hf_draft, eos, sp, "draft", mid_k or HF_ASSISTANT_TOKENS))
     return methods
 
 
@@ -262,7 +276,7 @@ def _run(cfg: BenchConfig, progress: bool, log) -> dict:
     methods = build_methods(cfg, target, draft_model, hf, hf_draft)
     # The draft as it drafts: through ModelDrafter, with the head its checkpoint lists (if any).
     costs = measure_costs(target, {"draft": ModelDrafter(draft_model).model} if draft_model is not None else {},
-                          cfg.ks)
+                          cfg.fixed_ks)
 
     # Cold latency: each method's first call, on the first prompt, outside the trials.
     cold = {}
@@ -283,7 +297,7 @@ def _run(cfg: BenchConfig, progress: bool, log) -> dict:
     report = aggregate(cfg, prompts, methods, records, costs, cold, target)
     if cfg.temperature == 0:  # the replay needs the target's greedy output
         outputs = {r["prompt"]: r["tokens"] for r in records if r["method"] == "normal" and r["trial"] == 0}
-        report["ceilings"] = ceilings(prompts, outputs, max([AdaptiveK().k_max, *cfg.ks]),
+        report["ceilings"] = ceilings(prompts, outputs, max([AdaptiveK().k_max, *cfg.fixed_ks]),
                                       ModelDrafter(draft_model) if draft_model is not None else None)
     report.update(schema=SCHEMA, environment=environment(cfg, dtype), config=asdict(cfg), load_seconds=load_s)
     return report
@@ -336,6 +350,7 @@ def _spec_metrics(rows: list[dict]) -> dict:
         "tokens_per_step": (total("generated") - len(st)) / steps if steps else math.nan,
         "accepted_per_position": [a / p if p else math.nan for a, p in zip(accepted, proposed)],
         "drafted": drafted, "accepted": acc, "target_calls": total("target_calls"),
+        "plain_steps": total("plain_steps"),
         "draft_calls": total("draft_calls"), "verify_steps": steps,
         "mean_drafted_per_step": drafted / steps if steps else math.nan,
         "draft_time_share": draft_s / seconds if seconds else math.nan,
@@ -370,15 +385,17 @@ def aggregate(cfg, prompts, methods, records, costs, cold, target) -> dict:
         if decode_ratios:
             overall["decode_speedup"] = summarize_ratios(list(decode_ratios.values()))
         overall.update(_spec_metrics(list(per.values())))
-        if m.family == "specdec" and m.k != "auto" and not math.isnan(overall.get("alpha", math.nan)):
-            k = m.k
+        if m.family == "specdec" and not math.isnan(overall.get("alpha", math.nan)):
             if m.drafter in costs["drafts"]:
                 c = costs["drafts"][m.drafter]["c"]
-            else:  # a model-free drafter: its measured time per proposal, relative to a target pass
-                c = overall["draft_seconds"] / max(overall["verify_steps"], 1) / k / t1
-            v = costs["verify_cost"].get(str(k), 1.0)
-            overall.update(cost_ratio_c=c, verify_cost=v,
-                           predicted_speedup=predicted_speedup(overall["alpha"], k, c, v))
+            elif m.k == "auto":  # a model-free drafter: its measured time per drafted token
+                c = overall["draft_seconds"] / max(overall["drafted"], 1) / t1
+            else:  # ... per proposal slot, relative to a target pass
+                c = overall["draft_seconds"] / max(overall["verify_steps"], 1) / m.k / t1
+            overall["cost_ratio_c"] = c
+            if m.k != "auto":  # auto has no single k to predict from
+                v = costs["verify_cost"].get(str(m.k), 1.0)
+                overall.update(verify_cost=v, predicted_speedup=predicted_speedup(overall["alpha"], m.k, c, v))
         by_cat = {}
         for cat in cats:
             ids = [p.id for p in prompts if p.category == cat]

@@ -7,7 +7,8 @@ from pathlib import Path
 
 SUITE_DIR = Path(__file__).parent / "prompts"
 DEFAULT_SUITE = SUITE_DIR / "suite-v1.jsonl"
-GROUNDED = {"summarization", "rag", "code_editing"}
+# Categories whose answers copy spans of the prompt (our suite's, and Spec-Bench's "extraction").
+GROUNDED = {"summarization", "rag", "code_editing", "extraction"}
 # Earlier assistant turns of a multi-turn prompt are the target's own greedy replies, this long.
 HISTORY_TOKENS = 48
 
@@ -22,7 +23,9 @@ class Prompt:
 
 
 def load_suite(path=None, categories=None, per_category=None) -> list[Prompt]:
-    """Read a JSONL suite ({"category", "turns", optional "id", "grounded"} per line)."""
+    """Read a JSONL suite: per line {"category", "turns", optional "id", "grounded"}, or
+    Spec-Bench's question.jsonl form {"question_id": int, "category", "turns", ...} (other
+    fields, such as a reference answer, are ignored)."""
     path = Path(path) if path else DEFAULT_SUITE
     if not path.exists():
         raise FileNotFoundError(f"no such prompt file: {path}")
@@ -39,8 +42,13 @@ def load_suite(path=None, categories=None, per_category=None) -> list[Prompt]:
             turns = [row["prompt"]]
         if not isinstance(row.get("category"), str) or not turns or not all(isinstance(t, str) and t for t in turns):
             raise ValueError(f"{path}:{n}: needs a 'category' string and non-empty 'turns' strings")
-        cat = row["category"]
-        prompts.append(Prompt(id=str(row.get("id", f"{cat}-{n:03d}")), category=cat, turns=list(turns),
+        cat, qid = row["category"], row.get("question_id")
+        if qid is not None and (not isinstance(qid, int) or isinstance(qid, bool)):
+            raise ValueError(f"{path}:{n}: 'question_id' must be an integer, got {qid!r}")
+        pid = str(row.get("id", qid if qid is not None else f"{cat}-{n:03d}"))
+        if any(p.id == pid for p in prompts):
+            raise ValueError(f"{path}:{n}: duplicate prompt id {pid!r}")
+        prompts.append(Prompt(id=pid, category=cat, turns=list(turns),
                               grounded=bool(row.get("grounded", cat in GROUNDED))))
     if categories:
         unknown = set(categories) - {p.category for p in prompts}

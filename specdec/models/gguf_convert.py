@@ -28,6 +28,9 @@ logger = logging.getLogger(__name__)
 
 # Mistral and most Llama derivatives are written by llama.cpp under "llama", so these two cover them.
 CONFIG_CLASSES = {"llama": LlamaConfig, "qwen2": Qwen2Config}
+# config.json's "architectures": tools that pick the model class from it (llama.cpp's
+# convert_hf_to_gguf.py, vLLM, transformers' pipelines) refuse a config without it.
+ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
 
 TOP_LEVEL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 BLOCK_NAMES = {
@@ -117,7 +120,8 @@ def build_config(reader: GGUFReader):
         bos_token_id=token_id(reader, "bos"),
         eos_token_id=token_id(reader, "eos"),
         pad_token_id=token_id(reader, "padding"),
-        dtype="float32",
+        dtype="float32",  # what model.safetensors holds
+        architectures=[ARCHITECTURES[arch]],
     )
     if arch == "llama":
         kwargs.update(head_dim=head_dim, attention_bias="blk.0.attn_q.bias" in names)

@@ -158,7 +158,7 @@ class Attention(nn.Module):
         keys, values = cache.k[layer, :, :, :end], cache.v[layer, :, :, :end]
         if T == 1 and x.device.type == "cpu" and x.dtype != torch.float32:
             # torch's CPU attention kernel in bf16/fp16 is 5-7x slower for a single query than
-            # in float32 (206 vs 30 us a layer at 300 cached tokens: scripts/one_query_attention.py),
+            # in float32 (206 vs 30 us a layer at 300 cached tokens: scripts/probes/one_query_attention.py),
             # and plain decoding is all single queries. Blocks of queries (prefill, verification)
             # run as fast in either dtype, so they stay as they are.
             y = F.scaled_dot_product_attention(q.float(), keys.float(), values.float(),

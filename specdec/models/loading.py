@@ -62,11 +62,19 @@ def embedded_gguf_path(name: str) -> Path:
     return path
 
 
+# Bumped whenever what a GGUF conversion writes changes (2: config.json names its
+# architecture), so that a conversion cached by an older specdec is redone.
+CONVERSION_VERSION = "2"
+CONVERSION_STAMP = "specdec-conversion"
+
+
 def _convert_once(gguf: Path, out: Path) -> Path:
-    if not (out / "config.json").exists():
+    stamp = out / CONVERSION_STAMP
+    if not (stamp.exists() and stamp.read_text() == CONVERSION_VERSION):
         from .gguf_convert import convert_gguf
 
         convert_gguf(gguf, out)
+        stamp.write_text(CONVERSION_VERSION)
     return out
 
 

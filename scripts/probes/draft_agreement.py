@@ -5,7 +5,7 @@ continuation once (teacher forcing) and scores where its argmax, over its head l
 is the target's next token. This is the greedy acceptance rate of a first draft, measured
 on prompts no draft trained on, without timing anything.
 
-Usage: python3 scripts/draft_agreement.py NAME=PATH [NAME=PATH ...] [--per-category 2] [--max-tokens 128]
+Usage: python3 scripts/probes/draft_agreement.py NAME=PATH [NAME=PATH ...] [--per-category 2] [--max-tokens 128]
 """
 from __future__ import annotations
 

@@ -17,8 +17,8 @@ speedup that would follow from the measured verify cost and the layer's measured
 
     specdec distill --target smollm2-135m-instruct --out runs/probe --prompts 2000 \\
         --heldout 40 --max-new-tokens 128 --steps 1    # the shipped draft's data (~50 min)
-    python3 scripts/feature_draft_probe.py --data runs/probe/data --save runs/probe/layer.safetensors
-    python3 scripts/feature_draft_probe.py --load runs/probe/layer.safetensors   # replay it again
+    python3 scripts/probes/feature_draft_probe.py --data runs/probe/data --save runs/probe/layer.safetensors
+    python3 scripts/probes/feature_draft_probe.py --load runs/probe/layer.safetensors   # replay it again
 
 The layer is replayed in float32 and timed in bfloat16.
 """

@@ -2,7 +2,7 @@
 a block of queries, in bf16 and in float32, at SmolLM2-135M's shapes (9 query heads, 3 KV
 heads, 64 dims), then the default target's own forward for 1 and 5 tokens.
 
-    python3 scripts/one_query_attention.py
+    python3 scripts/probes/one_query_attention.py
 """
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 after 300 cached ones, relative to one token. A tree of candidate continuations, or a long
 proposal, is paid for here.
 
-    python3 scripts/verify_cost.py
+    python3 scripts/probes/verify_cost.py
 """
 from __future__ import annotations
 

@@ -13,7 +13,7 @@ a pass, drafting free; see specdec/bench/ceiling.py):
 
 It generates the plain greedy outputs first (the default target, 128 tokens; a few minutes).
 
-    python3 scripts/replay_proposers.py [--categories rag,summarization,code_editing]
+    python3 scripts/probes/replay_proposers.py [--categories rag,summarization,code_editing]
 """
 from __future__ import annotations
 

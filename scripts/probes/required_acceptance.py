@@ -12,7 +12,7 @@ model (`specdec.bench.stats.predicted_speedup`, i.i.d. acceptance) predicts that
 best k measured. Prompt lookup's acceptance comes in runs, so this is the bar for a draft
 model, which is what the report's alpha column measures.
 
-    python3 scripts/required_acceptance.py bench-runs/grounded/report.json --speedup 2
+    python3 scripts/probes/required_acceptance.py bench-runs/grounded/report.json --speedup 2
 """
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ Each report's ratios are paired within its own run (method and baseline interlea
 same prompt); this pools those per-prompt ratios, so that runs over disjoint categories
 give one geometric mean over all their prompts, with a bootstrap CI over prompts.
 
-    python3 scripts/pooled_speedup.py bench-runs/grounded/report.json bench-runs/translation/report.json ...
+    python3 scripts/probes/pooled_speedup.py bench-runs/grounded/report.json bench-runs/translation/report.json ...
 """
 from __future__ import annotations
 
