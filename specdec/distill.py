@@ -442,6 +442,9 @@ def train(cfg: DistillConfig, examples: list[Example], target, progress=True, he
     return draft
 
 
+DRAFT_GGUF = "draft.bf16.gguf"
+
+
 def save_draft(draft, target_path: Path, out: Path) -> None:
     """A standard checkpoint: config.json, model.safetensors (bf16), tokenizer, generation config."""
     import shutil
@@ -568,5 +571,17 @@ def distill(cfg: DistillConfig, progress=True) -> Path:
     del target
     save_draft(draft, target_path, out)
     write_head_tokens(head_ids, examples, cfg.heldout, out)
+    write_draft_gguf(out, cfg.target)
     plot_log(out)
     return out
+
+
+def write_draft_gguf(out: Path, target: str) -> Path:
+    """The draft as GGUF too (bf16, full output head: GGUF has no head-token list), for the
+    llama.cpp engine and for `llama-server -md`. Where the target is a GGUF file (embedded or
+    given), its tokenizer metadata is copied, so llama.cpp sees the two vocabularies as one."""
+    from .models.gguf_write import write_gguf
+    from .models.loading import EMBEDDED_GGUF, embedded_gguf_path
+
+    source = embedded_gguf_path(target) if target in EMBEDDED_GGUF else Path(target)
+    return write_gguf(out, out / DRAFT_GGUF, metadata_from=source if source.suffix == ".gguf" else None)

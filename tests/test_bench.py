@@ -238,7 +238,8 @@ def test_bench_default_methods_use_auto(tmp_path):
     sweep.validate()
     assert sweep.ks == [2, 4, 8, "auto"]
     assert [n for n in names(sweep) if n.startswith("hf-")] == [
-        "hf-greedy", "hf-prompt-lookup-k4", "hf-assisted-draft", "hf-assisted-draft-k4", "hf-assisted-draft-heuristic"]
+        "hf-greedy", "hf-prompt-lookup-k10", "hf-prompt-lookup-k4", "hf-assisted-draft", "hf-assisted-draft-k4",
+        "hf-assisted-draft-heuristic"]
     for bad in ([], [0], ["x"], [True]):
         with pytest.raises(ValueError, match="num_draft_tokens"):
             BenchConfig(ks=bad).validate()
@@ -275,7 +276,7 @@ def prompt_file(tmp_path_factory):
 @pytest.fixture(scope="module")
 def report(prompt_file):
     cfg = BenchConfig(model=MODEL, dtype="float32", threads=TORCH_THREADS, prompts=str(prompt_file), max_tokens=12,
-                      trials=2, ks=["auto", 4, 2], peers=True)
+                      trials=2, ks=["auto", 4, 2], peers=True, llama_cpp_peers=False)
     return run_benchmark(cfg, progress=False, log=lambda msg: None)
 
 
@@ -283,7 +284,7 @@ def report(prompt_file):
 def report_with_draft(prompt_file):
     """The target as its own draft model: exercises the model drafter and assisted-generation peers."""
     cfg = BenchConfig(model=MODEL, draft=MODEL, dtype="float32", threads=TORCH_THREADS, prompts=str(prompt_file),
-                      categories=["rag"], max_tokens=8, trials=1, ks=[2, "auto"], peers=True)
+                      categories=["rag"], max_tokens=8, trials=1, ks=[2, "auto"], peers=True, llama_cpp_peers=False)
     return run_benchmark(cfg, progress=False, log=lambda msg: None)
 
 
@@ -356,7 +357,8 @@ def check_common(rep, expected_names, n_prompts, trials):
 
 @needs_model
 def test_run_benchmark_ngram_and_peers(report):
-    expected = ["normal", "spec-ngram-k2", "spec-ngram-k4", "spec-ngram-kauto", "hf-greedy", "hf-prompt-lookup-k4"]
+    expected = ["normal", "spec-ngram-k2", "spec-ngram-k4", "spec-ngram-kauto", "hf-greedy", "hf-prompt-lookup-k10",
+                "hf-prompt-lookup-k4"]
     ms = check_common(report, expected, n_prompts=2, trials=2)
     assert report["load_seconds"]["target"] > 0 and report["load_seconds"]["transformers"] > 0
     assert report["costs"]["drafts"] == {}
@@ -366,7 +368,7 @@ def test_run_benchmark_ngram_and_peers(report):
         rag = ms[name]["categories"]["rag"]
         assert rag["acceptance_rate"] > 0, "the passage should give the n-gram drafter accepted tokens"
         assert len(o["accepted_per_position"]) <= ms[name]["k"]
-    for name in ("hf-greedy", "hf-prompt-lookup-k4"):
+    for name in ("hf-greedy", "hf-prompt-lookup-k10", "hf-prompt-lookup-k4"):
         assert ms[name]["family"] == "transformers"
         assert "acceptance_rate" not in ms[name]["overall"] and "prefill_ms_mean" not in ms[name]["overall"]
     assert {p["id"]: p["grounded"] for p in report["prompts"]} == {"rag-lib": True, "qa-sky": False}
@@ -410,7 +412,7 @@ def test_run_benchmark_report_is_strict_json(report, tmp_path):
 @needs_model
 def test_run_benchmark_with_draft_model(report_with_draft):
     expected = ["normal", "spec-ngram-k2", "spec-draft-k2", "spec-composite-k2", "spec-ngram-kauto", "spec-draft-kauto",
-                "spec-composite-kauto", "hf-greedy", "hf-prompt-lookup-k2",
+                "spec-composite-kauto", "hf-greedy", "hf-prompt-lookup-k10", "hf-prompt-lookup-k2",
                 "hf-assisted-draft", "hf-assisted-draft-k2", "hf-assisted-draft-heuristic"]
     ms = check_common(report_with_draft, expected, n_prompts=1, trials=1)
     d = report_with_draft["costs"]["drafts"]["draft"]

@@ -127,6 +127,7 @@ def test_generate_empty_prompt(capsys, no_load):
     (["bench", "--threads", "0"], ["--threads"]),
     (["bench", "--trials", "0"], ["--trials"]),
     (["demo", "--max-tokens", "0"], ["--max-tokens"]),
+    (["generate", "hi", "--engine", "vllm"], ["--engine", "invalid choice"]),
 ])
 def test_argparse_mistakes_exit_2_with_usage(capsys, no_load, args, needles):
     assert_argparse_error(*run(capsys, *args), *needles)
@@ -343,8 +344,8 @@ def test_bench_runs_a_spec_bench_file_with_the_default_methods(capsys, tmp_path)
 
     questions = tmp_path / "question.jsonl"
     questions.write_text("".join(json.dumps(r) + "\n" for r in SPEC_BENCH_ROWS[:2]))
-    rc, out, err = run(capsys, "bench", "--prompts", questions, "--no-peers", "--max-tokens", 6, "--trials", 1,
-                       "--threads", 2, "--dtype", "float32", "--out", tmp_path / "out")
+    rc, out, err = run(capsys, "bench", "--prompts", questions, "--no-peers", "--no-llama-cpp", "--max-tokens", 6,
+                       "--trials", 1, "--threads", 2, "--dtype", "float32", "--out", tmp_path / "out")
     assert rc == 0, err
     report = json.loads((tmp_path / "out" / "report.json").read_text())
     assert [p["id"] for p in report["prompts"]] == ["1", "161"]
@@ -365,7 +366,7 @@ def test_num_draft_tokens_must_be_a_number_or_auto(capsys):
 def test_demo_explains_where_outputs_part(tmp_path):
     path = save_tiny(tmp_path / "tiny")
     target = load_model(path, dtype="bfloat16")
-    args = types.SimpleNamespace(model=str(path), device="cpu")
+    args = types.SimpleNamespace(model=str(path), device="cpu", engine="native")
     gen = lambda ids: types.SimpleNamespace(prompt_ids=[3, 7, 11], token_ids=ids)  # noqa: E731
     assert "prefix of the other (3 vs 2 tokens)" in _explain_divergence(gen([5, 6, 7]), gen([5, 6]), target, args)
     exact = load_model(path, dtype="float32")

@@ -191,11 +191,15 @@ def test_narrower_draft_has_its_own_embeddings(tmp_path, target, examples):
 
 
 def test_training_prompts_are_disjoint_from_the_bench_and_deterministic():
-    from specdec.bench.suite import load_suite
+    from specdec.bench.suite import SUITE_DIR, load_suite
 
     bench = {t for p in load_suite() for t in p.turns}
     convs = training_conversations(300, seed=0, exclude=bench)
     assert len(convs) == 300 and not bench & {t for c in convs for t in c}
+    # The held-out Spec-Bench-style prompts were written apart from the training templates:
+    # none is a training prompt even when nothing excludes them.
+    heldout = {t for p in load_suite(SUITE_DIR / "heldout-specbench-v1.jsonl") for t in p.turns}
+    assert len(heldout) == 26 + 16 and not heldout & {t for c in convs for t in c}
     assert convs == training_conversations(300, seed=0, exclude=bench)
     assert len({c[0] for c in convs}) == 300
     # The target's own passages join the text to summarize and question.

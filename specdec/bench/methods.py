@@ -2,7 +2,8 @@
 
 Ours: plain decoding (the baseline) and speculative decoding with a drafter and k.
 Peers, on the same weights in the same process: transformers' greedy `generate`, its
-assisted generation (default schedule, and a constant one) and its prompt lookup.
+assisted generation (default schedule, and a constant one) and its prompt lookup; and
+llama.cpp's own generation loop, plain and with its own prompt-lookup speculation.
 """
 from __future__ import annotations
 
@@ -150,3 +151,30 @@ def hf_prompt_lookup(hf, eos_ids, sampling, k):
 def hf_generate(hf, eos_ids, sampling):
     name = "hf-greedy" if not sampling.get("temperature") else "hf-sample"
     return Transformers(name, hf, eos_ids=eos_ids, sampling=sampling)
+
+
+class LlamaCpp(Method):
+    """llama.cpp's own greedy generation through llama-cpp-python's `Llama.generate` (the
+    decode-and-sample loop `create_completion` runs, without its detokenizing), on a GGUF
+    file, optionally with its own speculation (`LlamaPromptLookupDecoding`)."""
+
+    family = "llama.cpp"
+
+    def __init__(self, name, path, *, eos_ids, n_ctx: int, threads: int, lookup_k: int | None = None):
+        from llama_cpp import Llama
+        from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+
+        draft = LlamaPromptLookupDecoding(num_pred_tokens=lookup_k) if lookup_k else None
+        self.name, self.eos_ids = name, set(eos_ids)
+        self.drafter, self.k = ("ngram", lookup_k) if lookup_k else (None, None)
+        self.llm = Llama(model_path=str(path), n_ctx=n_ctx, n_batch=n_ctx, n_threads=threads,
+                         n_threads_batch=threads, draft_model=draft, verbose=False)
+
+    def call(self, prompt_ids, max_tokens):
+        self.llm.reset()  # no prompt reuse from the last call: every trial pays its prefill
+        out = []
+        for token in self.llm.generate(prompt_ids, temp=0.0, top_k=1, repeat_penalty=1.0, reset=True):
+            out.append(int(token))
+            if token in self.eos_ids or len(out) >= max_tokens:
+                break
+        return out, None, None

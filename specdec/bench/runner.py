@@ -37,6 +37,7 @@ SCHEMA = "specdec-bench/1"
 @dataclass
 class BenchConfig:
     model: str = DEFAULT_MODEL
+    engine: str = "native"  # what runs the target and the draft: "native" or "llama.cpp"
     draft: str | None = None  # a draft model (name or path); the n-gram drafter always runs
     dtype: str | None = None
     device: str = "cpu"
@@ -52,6 +53,7 @@ class BenchConfig:
     top_k: int | None = None
     top_p: float | None = None
     peers: bool = True  # transformers' generate / assisted / prompt lookup
+    llama_cpp_peers: bool = True  # llama.cpp's own generation (and, on that engine, its prompt lookup), if installed
     min_confidence: float = 0.0  # > 0: also the draft model with this confidence stop ("draft-stop")
     quick: bool = False
 
@@ -63,6 +65,10 @@ class BenchConfig:
         return cls(**base)
 
     def validate(self) -> None:
+        from ..models.loading import ENGINES
+
+        if self.engine not in ENGINES:
+            raise ValueError(f"engine must be one of {ENGINES}, got {self.engine!r}")
         if self.max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
         if self.trials < 1:
@@ -84,6 +90,15 @@ class BenchConfig:
     @property
     def fixed_ks(self) -> list[int]:
         return [k for k in self.ks if k != "auto"]
+
+
+def _version_of(distribution: str) -> str | None:
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return None
 
 
 def environment(cfg: BenchConfig, dtype) -> dict:
@@ -109,6 +124,7 @@ def environment(cfg: BenchConfig, dtype) -> dict:
         "gpu": torch.cuda.get_device_name(0) if cfg.device.startswith("cuda") else None,
         "device": cfg.device, "dtype": str(dtype).replace("torch.", ""),
         "python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
+        "engine": cfg.engine, "llama_cpp_python": _version_of("llama-cpp-python"),
         "specdec": __version__, "git_commit": git_commit(), "platform": platform.platform(),
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
     }
@@ -116,7 +132,7 @@ def environment(cfg: BenchConfig, dtype) -> dict:
 
 # Verify costs measured in every run, beside the fixed k values asked for: what `auto` weighs.
 VERIFY_KS = (1, 2, 4, 8)
-# transformers' prompt lookup without a fixed k to match: the value its documentation uses.
+# transformers' prompt lookup as its documentation runs it (and our llama.cpp peer's lookup too).
 HF_PROMPT_LOOKUP_K = 10
 # transformers' assisted generation starts its heuristic schedule from num_assistant_tokens (default 20).
 HF_ASSISTANT_TOKENS = 20
@@ -148,7 +164,7 @@ def measure_costs(target, drafts: dict, ks) -> dict:
     return out
 
 
-def build_methods(cfg: BenchConfig, target, draft_model, hf, hf_draft) -> list[M.Method]:
+def build_methods(cfg: BenchConfig, target, draft_model, hf, hf_draft, llama_gguf=None, n_ctx=None) -> list[M.Method]:
     # A fixed seed: each prompt's sampled output is the same in every trial, so trials time the same work.
     sp = dict(temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p, seed=0)
     ks = cfg.ks
@@ -165,13 +181,33 @@ def build_methods(cfg: BenchConfig, target, draft_model, hf, hf_draft) -> list[M
         eos, fixed = target.eos_token_ids, cfg.fixed_ks
         mid_k = fixed[len(fixed) // 2] if fixed else None  # the peers' fixed k: ours where we run one
         methods.append(M.hf_generate(hf, eos, sp))
-        methods.append(M.hf_prompt_lookup(hf, eos, sp, mid_k or HF_PROMPT_LOOKUP_K))
+        # Prompt lookup as transformers users run it, and at our fixed k where we run one.
+        methods += [M.hf_prompt_lookup(hf, eos, sp, k) for k in dict.fromkeys([HF_PROMPT_LOOKUP_K, mid_k]) if k]
         if hf_draft is not None:
             methods.append(M.hf_assisted_default(hf, hf_draft, eos, sp, "draft"))
             if mid_k:
                 methods.append(M.hf_assisted_constant(hf, hf_draft, eos, sp, "draft", mid_k))
             methods.append(M.hf_assisted_heuristic(hf, hf_draft, eos, sp, "draft", mid_k or HF_ASSISTANT_TOKENS))
+    if llama_gguf is not None:  # the runtime a CPU user would pick instead, on the same weights
+        peer = dict(eos_ids=target.eos_token_ids, n_ctx=n_ctx, threads=torch.get_num_threads())
+        methods.append(M.LlamaCpp(LLAMA_CPP_BASELINE, llama_gguf, **peer))
+        if cfg.engine == "llama.cpp":
+            methods.append(M.LlamaCpp(f"llama.cpp-prompt-lookup-k{HF_PROMPT_LOOKUP_K}", llama_gguf,
+                                      lookup_k=HF_PROMPT_LOOKUP_K, **peer))
     return methods
+
+
+def llama_cpp_peer_file(cfg: BenchConfig, target, dtype):
+    """The GGUF file llama.cpp's own methods run, or None where they do not run: the
+    engine's own file, or on the native engine the same weights written as GGUF (greedy
+    runs on a CPU with llama-cpp-python installed)."""
+    if not cfg.llama_cpp_peers or cfg.temperature > 0 or cfg.device != "cpu" or not _version_of("llama-cpp-python"):
+        return None
+    if cfg.engine == "llama.cpp":
+        return target.path
+    from ..models.loading import gguf_for
+
+    return gguf_for(cfg.model, dtype)
 
 
 def load_hf(name, dtype, device):
@@ -255,14 +291,14 @@ def _run(cfg: BenchConfig, progress: bool, log) -> dict:
     dtype = resolve_dtype(cfg.dtype, cfg.device)
     load_s = {}
     t0 = time.perf_counter()
-    target = load_model(cfg.model, dtype=dtype, device=cfg.device)
+    target = load_model(cfg.model, dtype=dtype, device=cfg.device, engine=cfg.engine)
     load_s["target"] = time.perf_counter() - t0
     if target.tokenizer is None:
         raise ValueError(f"{cfg.model} has no tokenizer; the benchmark renders text prompts")
     draft_model = None
     if cfg.draft:
         t0 = time.perf_counter()
-        draft_model = load_model(cfg.draft, dtype=dtype, device=cfg.device)
+        draft_model = load_model(cfg.draft, dtype=dtype, device=cfg.device, engine=cfg.engine)
         load_s["draft"] = time.perf_counter() - t0
     hf = hf_draft = None
     if cfg.peers:
@@ -273,7 +309,9 @@ def _run(cfg: BenchConfig, progress: bool, log) -> dict:
 
     log(f"rendering {len(prompts)} prompts ...")
     render(prompts, target, target.tokenizer)
-    methods = build_methods(cfg, target, draft_model, hf, hf_draft)
+    llama_gguf = llama_cpp_peer_file(cfg, target, dtype)
+    methods = build_methods(cfg, target, draft_model, hf, hf_draft, llama_gguf,
+                            n_ctx=max(len(p.ids) for p in prompts) + cfg.max_tokens + 8)
     # The draft as it drafts: through ModelDrafter, with the head its checkpoint lists (if any).
     costs = measure_costs(target, {"draft": ModelDrafter(draft_model).model} if draft_model is not None else {},
                           cfg.fixed_ks)
@@ -358,19 +396,26 @@ def _spec_metrics(rows: list[dict]) -> dict:
     }
 
 
+# llama.cpp's own plain decoding: where it ran, every method's speedup over it is reported too.
+LLAMA_CPP_BASELINE = "llama.cpp-greedy"
+
+
 def aggregate(cfg, prompts, methods, records, costs, cold, target) -> dict:
     base = _per_prompt(records, "normal", prompts)
+    llama = _per_prompt(records, LLAMA_CPP_BASELINE, prompts) if any(
+        m.name == LLAMA_CPP_BASELINE for m in methods) else None
     cats = sorted({p.category for p in prompts})
     t1 = costs["target_forward_ms"] / 1000
     out_methods = []
 
     @functools.cache
     def reference():  # the target in float32, loaded only if a divergence needs it
-        return load_model(cfg.model, dtype=torch.float32, device=cfg.device)
+        return load_model(cfg.model, dtype=torch.float32, device=cfg.device, engine=cfg.engine)
 
     for m in methods:
         per = _per_prompt(records, m.name, prompts)
         ratios = {pid: base[pid]["per_token"] / v["per_token"] for pid, v in per.items()}
+        vs_llama = {pid: llama[pid]["per_token"] / v["per_token"] for pid, v in per.items()} if llama else None
         decode_ratios = {pid: base[pid]["decode_per_token"] / v["decode_per_token"] for pid, v in per.items()
                          if v["decode_per_token"] and base[pid]["decode_per_token"]}
         seconds = sum(v["seconds"] for v in per.values())
@@ -378,6 +423,8 @@ def aggregate(cfg, prompts, methods, records, costs, cold, target) -> dict:
         prefills = [v["prefill"] for v in per.values() if v["prefill"] is not None]
         overall = {"speedup": summarize_ratios(list(ratios.values())), "tokens": tokens, "seconds": seconds,
                    "tokens_per_s": tokens / seconds, "ms_per_token": 1000 * seconds / tokens}
+        if vs_llama:
+            overall["vs_llama_cpp"] = summarize_ratios(list(vs_llama.values()))
         if prefills:
             prefill_s = sum(prefills)
             overall["prefill_ms_mean"] = 1000 * prefill_s / len(prefills)
@@ -400,6 +447,8 @@ def aggregate(cfg, prompts, methods, records, costs, cold, target) -> dict:
         for cat in cats:
             ids = [p.id for p in prompts if p.category == cat]
             entry = {"speedup": summarize_ratios([ratios[i] for i in ids])}
+            if vs_llama:
+                entry["vs_llama_cpp"] = summarize_ratios([vs_llama[i] for i in ids])
             if all(i in decode_ratios for i in ids):
                 entry["decode_speedup"] = summarize_ratios([decode_ratios[i] for i in ids])
             entry.update({key: val for key, val in _spec_metrics([per[i] for i in ids]).items()

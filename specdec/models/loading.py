@@ -212,12 +212,23 @@ def _generation_eos(path: Path, config, tokenizer) -> tuple[int, ...]:
     return tuple(sorted(ids))
 
 
-def load_model(name_or_path=DEFAULT_MODEL, *, dtype=None, device="cpu") -> LanguageModel:
+ENGINES = ("native", "llama.cpp")
+GGUF_FILE_TYPES = {torch.bfloat16: "bf16", torch.float16: "f16", torch.float32: "f32"}
+
+
+def load_model(name_or_path=DEFAULT_MODEL, *, dtype=None, device="cpu", engine="native") -> LanguageModel:
     """Load a model by embedded name, checkpoint directory or .gguf file.
 
-    Llama-family checkpoints run on the native implementation (static KV cache);
+    engine="native": Llama-family checkpoints run on our implementation (static KV cache);
     any other architecture runs through transformers behind `HFAdapter`.
+    engine="llama.cpp": a .gguf file runs as it is (its own tensor types, any architecture
+    llama.cpp runs); an embedded name or a checkpoint directory is first written once as a
+    GGUF file in `dtype` (bf16 by default), from the same weights the native engine loads.
     """
+    if engine not in ENGINES:
+        raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
+    if engine == "llama.cpp":
+        return load_llama_cpp(name_or_path, dtype=dtype, device=device)
     torch_dtype = resolve_dtype(dtype, device)
     path = hf_checkpoint(name_or_path)
     config = _read_config(path)
@@ -239,6 +250,60 @@ def load_model(name_or_path=DEFAULT_MODEL, *, dtype=None, device="cpu") -> Langu
     if (path / HEAD_TOKENS_FILE).exists():
         lm.head_tokens = json.loads((path / HEAD_TOKENS_FILE).read_text())["token_ids"]
     return lm
+
+
+def gguf_for(name_or_path, dtype=None) -> Path:
+    """The GGUF file the llama.cpp engine runs for `name_or_path`: a .gguf path as it is;
+    for an embedded name or a checkpoint directory, a file written once into the cache in
+    `dtype` (default bfloat16), with the embedded target's tokenizer metadata where it shares it."""
+    key = str(name_or_path)
+    path = Path(key).expanduser()
+    if key not in EMBEDDED_GGUF and key not in SHIPPED_DRAFTS and path.is_file():
+        if path.suffix != ".gguf":
+            raise ValueError(f"{path}: the llama.cpp engine runs .gguf files or checkpoint directories")
+        return path
+    checkpoint = hf_checkpoint(key)
+    file_type = GGUF_FILE_TYPES[resolve_dtype(dtype or "bfloat16", "cpu")]
+    target = SHIPPED_DRAFTS[key][1] if key in SHIPPED_DRAFTS else key if key in EMBEDDED_GGUF else None
+    files = sorted(checkpoint.glob("*.safetensors")) + [checkpoint / "config.json"]
+    stamp = ";".join(f"{f.name}:{f.stat().st_size}:{f.stat().st_mtime_ns}" for f in files)
+    tag = hashlib.sha256(f"{checkpoint.resolve()};{stamp};{CONVERSION_VERSION}".encode()).hexdigest()[:12]
+    out = cache_dir() / "gguf-written" / f"{checkpoint.name}-{tag}.{file_type}.gguf"
+    if not out.exists():
+        from .gguf_write import write_gguf
+
+        out.parent.mkdir(parents=True, exist_ok=True)
+        write_gguf(checkpoint, out, file_type=file_type,
+                   metadata_from=embedded_gguf_path(target) if target else None)
+        for stale in out.parent.glob(f"{checkpoint.name}-*.{file_type}.gguf"):  # from weights since replaced
+            if stale != out:
+                stale.unlink(missing_ok=True)
+    return out
+
+
+def load_llama_cpp(name_or_path, *, dtype=None, device="cpu") -> LanguageModel:
+    from .llamacpp import LlamaCppLM, llama_cpp
+
+    if torch.device(device).type != "cpu":
+        raise ValueError(f"the llama.cpp engine runs on the CPU here, not {device!r}")
+    llama_cpp()  # a missing extra fails before any conversion
+    path = gguf_for(name_or_path, dtype)
+    key = str(name_or_path)
+    if path == Path(key).expanduser():  # a GGUF file of the user's: its tokenizer, if transformers reads it
+        tokenizer = _gguf_tokenizer(path)
+    else:
+        tokenizer = load_tokenizer(hf_checkpoint(key))
+    # A draft's head-token list (see ModelDrafter) has no GGUF form: llama.cpp scores the full head.
+    return LlamaCppLM(path, tokenizer=tokenizer, name=key)
+
+
+def _gguf_tokenizer(path: Path):
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    except Exception:  # noqa: BLE001 -- an architecture transformers cannot read: token ids only
+        return None
 
 
 def build_llama(cfg: LlamaConfig, files, dtype, device) -> Llama:
