@@ -234,3 +234,23 @@ def test_cli_generate_on_the_engine(capsys):
     assert main(["generate", "What is 2+2?", "--engine", "llama.cpp", "--max-tokens", "8"]) == 0
     out, err = capsys.readouterr()
     assert out.strip() and "tokens/target call" in err.strip().splitlines()[-1]
+
+
+def test_a_checkpoint_with_a_bpe_tokenizer_is_written_with_it(tmp_path):
+    # Without a reference GGUF, the tokenizer's vocabulary and merges go into the file, so
+    # llama.cpp has a real vocabulary (here: byte-level BPE trained on a few sentences).
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<|end|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(["the cat sat on the mat", "the dog sat on the log"] * 20, trainer)
+    end = tok.token_to_id("<|end|>")
+    ckpt = save_tiny(tmp_path / "bpe", "llama", seed=0, vocab_size=tok.get_vocab_size(), eos_token_id=end)
+    tok.save(str(ckpt / "tokenizer.json"))
+    model = load_model(write_gguf(ckpt, tmp_path / "bpe.gguf", file_type="f32"), engine="llama.cpp")
+    assert model.vocab_size == tok.get_vocab_size() > 256
+    lib, vocab = llama_cpp, llama_cpp.llama_model_get_vocab(model._weights.ptr)
+    assert lib.llama_vocab_type(vocab) == lib.LLAMA_VOCAB_TYPE_BPE
+    assert lib.llama_vocab_get_text(vocab, end) == b"<|end|>" and model.eos_token_ids == (end,)

@@ -108,7 +108,11 @@ def write_gguf(checkpoint: str | os.PathLike, out: str | os.PathLike, *, file_ty
     writer.add_name(checkpoint.name)
     if metadata_from:
         _copy_fields(writer, Path(metadata_from), ("tokenizer.",))
-    elif not _bpe_tokenizer(writer, checkpoint, config):
+    elif _bpe_tokenizer(writer, checkpoint, config):
+        for key, add in (("bos_token_id", writer.add_bos_token_id), ("eos_token_id", writer.add_eos_token_id)):
+            if isinstance(config.get(key), int):
+                add(config[key])
+    else:
         writer.add_tokenizer_model("none")  # ids only
     writer.add_context_length(config["max_position_embeddings"])
     writer.add_embedding_length(config["hidden_size"])
