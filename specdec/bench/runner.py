@@ -165,6 +165,8 @@ def measure_costs(target, drafts: dict, ks) -> dict:
 
 
 def build_methods(cfg: BenchConfig, target, draft_model, hf, hf_draft, llama_gguf=None, n_ctx=None) -> list[M.Method]:
+    # n_ctx: llama.cpp's own loops, whose context must leave room past the longest request:
+    # its speculative loop writes a block of drafts before it checks the context's end.
     # A fixed seed: each prompt's sampled output is the same in every trial, so trials time the same work.
     sp = dict(temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p, seed=0)
     ks = cfg.ks
@@ -311,7 +313,7 @@ def _run(cfg: BenchConfig, progress: bool, log) -> dict:
     render(prompts, target, target.tokenizer)
     llama_gguf = llama_cpp_peer_file(cfg, target, dtype)
     methods = build_methods(cfg, target, draft_model, hf, hf_draft, llama_gguf,
-                            n_ctx=max(len(p.ids) for p in prompts) + cfg.max_tokens + 8)
+                            n_ctx=max(len(p.ids) for p in prompts) + cfg.max_tokens + 64)
     # The draft as it drafts: through ModelDrafter, with the head its checkpoint lists (if any).
     costs = measure_costs(target, {"draft": ModelDrafter(draft_model).model} if draft_model is not None else {},
                           cfg.fixed_ks)
