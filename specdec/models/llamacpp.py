@@ -20,7 +20,6 @@ import torch
 
 from .base import LanguageModel
 
-LLAMA_CPP_VERSION = "0.3.36"  # the version pyproject.toml's [llamacpp] extra pins
 INSTALL_HINT = "pip install 'specdec[llamacpp]' (llama-cpp-python, built from source)"
 
 
