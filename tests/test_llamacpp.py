@@ -254,3 +254,12 @@ def test_a_checkpoint_with_a_bpe_tokenizer_is_written_with_it(tmp_path):
     lib, vocab = llama_cpp, llama_cpp.llama_model_get_vocab(model._weights.ptr)
     assert lib.llama_vocab_type(vocab) == lib.LLAMA_VOCAB_TYPE_BPE
     assert lib.llama_vocab_get_text(vocab, end) == b"<|end|>" and model.eos_token_ids == (end,)
+
+
+@needs_model
+def test_cli_demo_on_the_engine(capsys):
+    from specdec.cli import main
+
+    assert main(["demo", "--engine", "llama.cpp", "--max-tokens", "12", "--trials", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "=== speculative decoding" in out and "speedup" in out and "acceptance rate" in out
