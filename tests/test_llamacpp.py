@@ -10,8 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-import specdec
-from specdec import CompositeDrafter, ModelDrafter, NgramDrafter, generate, load_model, speculative_generate
+from specdec import CompositeDrafter, NgramDrafter, generate, load_model, speculative_generate
 from specdec.models.gguf_write import write_gguf
 from tiny import needs_model, save_tiny
 

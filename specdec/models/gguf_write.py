@@ -13,7 +13,6 @@ import json
 import os
 from pathlib import Path
 
-import numpy as np
 import torch
 from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter
 
