@@ -17,6 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import kernel
+
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 
@@ -227,6 +229,17 @@ class Llama(nn.Module):
         T, start = tokens.shape[0], cache.length
         if start + T > cache.capacity:
             raise ValueError(f"KV cache overflow: {start + T} positions > capacity {cache.capacity}")
+        if T <= kernel.MAX_ROWS and kernel.supports(self) and (lib := kernel.library()) is not None:
+            # Decoding and verification passes: one C++ call, each row computed as in a one-token pass.
+            if int(tokens.min()) < 0 or int(tokens.max()) >= self.cfg.vocab_size:
+                raise IndexError(f"token ids must be in [0, {self.cfg.vocab_size})")
+            logits = kernel.run(lib, self, tokens, cache, 1 if last_only else T, None if head is None else head[1])
+            cache.length = start + T
+            if head is None:
+                return logits
+            full = torch.full((logits.shape[0], self.cfg.vocab_size), -math.inf)
+            full[:, head[0]] = logits
+            return full
         x = self.model.embed_tokens(tokens)[None]
         # Positions are absolute token indices: the cache length is the next position.
         pos = torch.arange(start, start + T, device=tokens.device, dtype=torch.float32)

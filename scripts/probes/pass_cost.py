@@ -1,0 +1,70 @@
+"""One pass of n tokens after 300 cached ones, on each engine, side by side: the native
+engine's kernel, its pure-torch path, and llama.cpp on the same bf16 weights. Rounds go over
+all engines and sizes in turn, so that a noisy spell hits each alike; medians.
+
+    python3 scripts/probes/pass_cost.py [--threads 2] [--rounds 5]
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+import specdec
+from specdec.models import kernel
+
+SIZES = (1, 2, 5, 9, 17)
+CACHED = 300
+
+
+def timed(model, n: int, reps: int) -> list[float]:
+    out = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        model.forward(list(range(5, 5 + n)))
+        out.append(time.perf_counter() - start)
+        model.rollback(CACHED)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=5)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    native = specdec.load_model("smollm2-135m-instruct")
+    engines = {"native kernel": native, "native torch": native}
+    try:
+        engines["llama.cpp"] = specdec.load_model("smollm2-135m-instruct", engine="llama.cpp")
+    except ImportError as e:
+        print(f"(no llama.cpp: {e})")
+    lib = kernel.library()
+    times = {(e, n): [] for e in engines for n in SIZES}
+    for _ in range(args.rounds):
+        for name, model in engines.items():
+            kernel.use(None if name == "native torch" else lib)
+            model.reset(CACHED + max(SIZES))
+            model.forward(list(range(1000, 1000 + CACHED)), last_only=True)
+            for n in SIZES:
+                times[name, n] += timed(model, n, 4)
+    kernel.use(lib)
+    print(f"ms per pass (median of {4 * args.rounds}) and cost in one-token passes; {CACHED} cached, "
+          f"{args.threads} threads, kernel: {kernel.isa()}")
+    print(f"{'tokens':>8}" + "".join(f"{name:>22}" for name in engines))
+    for n in SIZES:
+        cells = []
+        for name in engines:
+            ms = statistics.median(times[name, n]) * 1e3
+            one = statistics.median(times[name, 1]) * 1e3
+            cells.append(f"{ms:9.2f} ms {ms / one:5.2f}x")
+        print(f"{n:>8}" + "".join(f"{c:>22}" for c in cells))
+    ref = statistics.median(times["llama.cpp", 1]) if "llama.cpp" in engines else None
+    if ref:
+        print(f"one-token pass, native kernel / llama.cpp: {statistics.median(times['native kernel', 1]) / ref:.2f}x")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,485 @@
+// One decoding pass of a Llama-family model in bf16, for blocks of M <= 32 tokens: the
+// one-token steps of plain decoding and the (k+1)-token verification passes of speculation.
+//
+// Two goals, both from where speculative decoding runs on a CPU (docs/kernels.md):
+//   * Speed. Such a pass is memory-bound: every weight is read once per pass. Each weight row
+//     is streamed once and dotted with all M inputs while it sits in L1, and the whole pass is
+//     one call with one OpenMP team, so no per-op framework overhead.
+//   * Row invariance. Row j of an M-token pass is bit-identical to the one-token pass at that
+//     position. Every output element is computed by the same instructions in the same order
+//     whatever M is, whichever thread computes it, and whatever rows sit beside it:
+//       - each dot product has its own accumulator, filled in order of k, reduced by one fixed tree;
+//       - RMSNorm, RoPE, SiLU and the residual adds are per row;
+//       - attention for (query row, head) runs start to end in one thread, over positions in order;
+//       - there is no fast-math (-ffp-contract=off), so the compiler cannot reorder or fuse.
+//     Then greedy speculative output equals plain greedy output in bf16 by construction.
+//
+// Numerics: bf16 weights, activations rounded to bf16 wherever a matmul reads them (as torch's
+// bf16 path does), fp32 accumulation, an fp32 residual stream, fp32 logits.
+//
+// Built on first use by specdec/models/kernel.py; called through ctypes with raw pointers.
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+#include <omp.h>
+#if defined(__AVX512BF16__)
+#include <immintrin.h>
+#endif
+
+typedef uint16_t bf16;
+
+static inline float f32(bf16 h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+}
+
+static inline bf16 to_bf16(float f) {  // round to nearest even, as torch does
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (bf16)((u >> 16) | 0x40);  // NaN stays NaN
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (bf16)(u >> 16);
+}
+
+// Sum of 16 partial sums by one fixed tree.
+static inline float tree16(const float* a) {
+    float b[8], c[4];
+    for (int i = 0; i < 8; i++) b[i] = a[i] + a[i + 8];
+    for (int i = 0; i < 4; i++) c[i] = b[i] + b[i + 4];
+    return (c[0] + c[2]) + (c[1] + c[3]);
+}
+
+// ---- dot products: out[m * ldo + r] = x[m] . W[r] for a tile of R weight rows and MT inputs ----
+// K is a multiple of 32. Products of two bf16 values are exact in fp32, so a fused or a separate
+// multiply-add gives the same sum; only the order of the adds matters, and it is fixed by k.
+
+#if defined(__AVX512BF16__)
+#ifndef PREFETCH_ROWS
+#define PREFETCH_ROWS 8
+#endif
+template <int R, int MT>
+static inline void dot_tile(const bf16* x, int ldx, const bf16* W, int ldw, int K, float* out, int ldo) {
+    __m512 acc[R][MT];
+    for (int r = 0; r < R; r++)
+        for (int m = 0; m < MT; m++) acc[r][m] = _mm512_setzero_ps();
+    for (int k = 0; k < K; k += 32) {
+        __m512bh w[R];
+        for (int r = 0; r < R; r++) {
+            // Ask for the rows a few tiles ahead: one core's own prefetcher does not keep
+            // enough misses in flight to stream a matrix from memory at full bandwidth.
+            _mm_prefetch((const char*)(W + (size_t)(r + PREFETCH_ROWS) * ldw + k), _MM_HINT_T0);
+            w[r] = (__m512bh)_mm512_loadu_si512((const void*)(W + (size_t)r * ldw + k));
+        }
+        for (int m = 0; m < MT; m++) {
+            __m512bh xv = (__m512bh)_mm512_loadu_si512((const void*)(x + (size_t)m * ldx + k));
+            for (int r = 0; r < R; r++) acc[r][m] = _mm512_dpbf16_ps(acc[r][m], xv, w[r]);
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int m = 0; m < MT; m++) {
+            alignas(64) float lanes[16];
+            _mm512_store_ps(lanes, acc[r][m]);
+            out[(size_t)m * ldo + r] = tree16(lanes);
+        }
+}
+#define SPECDEC_ISA "avx512-bf16"
+#else
+// Portable form: 16 independent lanes the compiler vectorizes without reassociating.
+template <int R, int MT>
+static inline void dot_tile(const bf16* x, int ldx, const bf16* W, int ldw, int K, float* out, int ldo) {
+    float acc[R][MT][16] = {};
+    for (int k = 0; k < K; k += 32) {
+        for (int half = 0; half < 32; half += 16) {
+            float w[R][16];
+            for (int r = 0; r < R; r++)
+                for (int l = 0; l < 16; l++) w[r][l] = f32(W[(size_t)r * ldw + k + half + l]);
+            for (int m = 0; m < MT; m++) {
+                float xv[16];
+                for (int l = 0; l < 16; l++) xv[l] = f32(x[(size_t)m * ldx + k + half + l]);
+                for (int r = 0; r < R; r++)
+                    for (int l = 0; l < 16; l++) acc[r][m][l] += xv[l] * w[r][l];
+            }
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int m = 0; m < MT; m++) out[(size_t)m * ldo + r] = tree16(acc[r][m]);
+}
+#define SPECDEC_ISA "portable"
+#endif
+
+// Inputs go in balanced tiles of at most 6 rows: R * MT independent accumulators keep the
+// dot-product unit busy (a 1-row tile beside a 4-row one would wait on its own latency).
+template <int R>
+static void dot_rows(const bf16* x, int M, int K, const bf16* W, float* out, int ldo) {
+    const int tiles = (M + 5) / 6;
+    for (int t = 0, m0 = 0; t < tiles; t++) {
+        const int mt = (M - m0) / (tiles - t);
+        const bf16* xm = x + (size_t)m0 * K;
+        float* o = out + (size_t)m0 * ldo;
+        switch (mt) {
+            case 6: dot_tile<R, 6>(xm, K, W, K, K, o, ldo); break;
+            case 5: dot_tile<R, 5>(xm, K, W, K, K, o, ldo); break;
+            case 4: dot_tile<R, 4>(xm, K, W, K, K, o, ldo); break;
+            case 3: dot_tile<R, 3>(xm, K, W, K, K, o, ldo); break;
+            case 2: dot_tile<R, 2>(xm, K, W, K, K, o, ldo); break;
+            default: dot_tile<R, 1>(xm, K, W, K, K, o, ldo); break;
+        }
+        m0 += mt;
+    }
+}
+
+// out[m * ldo + (n - n0)] = x[m] . W[n] for n in [n0, n1): x is [M, K], W is [N, K].
+static void dots(const bf16* x, int M, int K, const bf16* W, int n0, int n1, float* out, int ldo) {
+    int n = n0;
+    for (; n + 4 <= n1; n += 4) dot_rows<4>(x, M, K, W + (size_t)n * K, out + (n - n0), ldo);
+    for (; n < n1; n++) dot_rows<1>(x, M, K, W + (size_t)n * K, out + (n - n0), ldo);
+}
+
+// This thread's share [lo, hi) of n items split in units of `unit` (the last takes the rest).
+static inline void share(int n, int unit, int tid, int nt, int* lo, int* hi) {
+    int units = n / unit;
+    *lo = (int)((int64_t)units * tid / nt) * unit;
+    *hi = tid == nt - 1 ? n : (int)((int64_t)units * (tid + 1) / nt) * unit;
+}
+
+// exp(x) for x <= 0 (and a little above): 2^n * p(r), r = x - n ln2, a degree-6 Taylor form.
+// Only IEEE +, * and floor: the same bits in a vector lane and in a scalar tail.
+static inline float exp_le0(float x) {
+    if (x < -87.0f) x = -87.0f;
+    if (x > 88.0f) x = 88.0f;
+    float n = std::floor(x * 1.44269504f + 0.5f);
+    float r = (x - n * 0.693145752f) - n * 1.42860677e-6f;
+    float p = 1.0f + r * (1.0f + r * (0.5f + r * (0.166666672f + r * (0.0416666679f + r * (0.00833333377f + r * 0.00138888892f)))));
+    int32_t e = ((int32_t)n + 127) << 23;
+    float s;
+    std::memcpy(&s, &e, 4);
+    return p * s;
+}
+
+// x [D] fp32 -> out [D] bf16: weight * bf16(x / rms(x)), as the reference RMSNorm rounds.
+static void rms_norm(const float* x, const bf16* w, int D, float eps, bf16* out) {
+    float part[16] = {};
+    for (int d = 0; d < D; d += 16)
+        for (int l = 0; l < 16; l++) part[l] += x[d + l] * x[d + l];
+    float r = 1.0f / std::sqrt(tree16(part) / (float)D + eps);
+    for (int d = 0; d < D; d++) out[d] = to_bf16(f32(w[d]) * f32(to_bf16(x[d] * r)));
+}
+
+// ---- attention: softmax(q.K / sqrt(hd)) V over the static cache, split into chunks ----
+// Positions are cut into absolute chunks of CHUNK. A task takes one KV head and one chunk for
+// every query row and every query head sharing that KV head, so each K/V row comes from memory
+// once per pass, however many rows the pass has. It leaves, per (row, head, chunk), the
+// chunk's maximum score, its sum of exponentials and its unnormalized output; a second step
+// merges a row's chunks in order. Both steps depend only on the row's position, never on M.
+constexpr int CHUNK = 128;
+
+#if defined(__AVX512BF16__)
+// Sums of 16 vectors, r[j] = sum of a[j]'s lanes, by a butterfly of shuffles (about 3
+// instructions a sum instead of a horizontal reduction each). The tree a sum takes depends on
+// its slot j only, and slots are absolute positions mod 16, so a position's score is computed
+// the same way in every pass.
+static inline __m512 sum16(__m512* a) {
+    __m512 b[8], c[4], d[2];
+    for (int i = 0; i < 8; i++)
+        b[i] = _mm512_add_ps(_mm512_shuffle_f32x4(a[i], a[i + 8], 0x44), _mm512_shuffle_f32x4(a[i], a[i + 8], 0xEE));
+    for (int i = 0; i < 4; i++)
+        c[i] = _mm512_add_ps(_mm512_shuffle_f32x4(b[i], b[i + 4], 0x88), _mm512_shuffle_f32x4(b[i], b[i + 4], 0xDD));
+    for (int i = 0; i < 2; i++)
+        d[i] = _mm512_add_ps(_mm512_unpacklo_ps(c[i], c[i + 2]), _mm512_unpackhi_ps(c[i], c[i + 2]));
+    const __m512d d0 = _mm512_castps_pd(d[0]), d1 = _mm512_castps_pd(d[1]);
+    __m512 e = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(d0, d1)), _mm512_castpd_ps(_mm512_unpackhi_pd(d0, d1)));
+    // Lane 4q + l of e holds slot [0, 2, 1, 3][l] + [0, 8, 4, 12][q] (a permutation that is its own inverse).
+    const __m512i order = _mm512_setr_epi32(0, 2, 1, 3, 8, 10, 9, 11, 4, 6, 5, 7, 12, 14, 13, 15);
+    return _mm512_permutexvar_ps(order, e);
+}
+
+// out[j] = scale * q.K[j] for the first n (<= 16) rows of a block of K.
+static inline void block_scores(const bf16* q, const bf16* K, int n, int hd, float scale, float* out) {
+    __m512 acc[16];
+    for (int j = 0; j < 16; j++) {
+        acc[j] = _mm512_setzero_ps();
+        if (j >= n) continue;  // past the last position: a zero sum, ignored
+        for (int c = 0; c < hd; c += 32)
+            acc[j] = _mm512_dpbf16_ps(acc[j], (__m512bh)_mm512_loadu_si512((const void*)(q + c)),
+                                      (__m512bh)_mm512_loadu_si512((const void*)(K + (size_t)j * hd + c)));
+    }
+    _mm512_mask_storeu_ps(out, (__mmask16)((1u << n) - 1), _mm512_mul_ps(sum16(acc), _mm512_set1_ps(scale)));
+}
+
+// exp_le0 on 16 lanes, the same operations in the same order.
+static inline __m512 exp16(__m512 x) {
+    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.0f)), _mm512_set1_ps(88.0f));
+    const __m512 n = _mm512_roundscale_ps(_mm512_add_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)), _mm512_set1_ps(0.5f)),
+                                          _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+    const __m512 r = _mm512_sub_ps(_mm512_sub_ps(x, _mm512_mul_ps(n, _mm512_set1_ps(0.693145752f))),
+                                   _mm512_mul_ps(n, _mm512_set1_ps(1.42860677e-6f)));
+    __m512 p = _mm512_set1_ps(0.00138888892f);
+    const float c[6] = {0.00833333377f, 0.0416666679f, 0.166666672f, 0.5f, 1.0f, 1.0f};
+    for (int i = 0; i < 6; i++) p = _mm512_add_ps(_mm512_set1_ps(c[i]), _mm512_mul_ps(r, p));
+    const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvttps_epi32(n), _mm512_set1_epi32(127)), 23);
+    return _mm512_mul_ps(p, _mm512_castsi512_ps(e));
+}
+
+// One (row, head) over positions [c0, end) of a chunk: writes {max, sum of exp, sum of exp * V}.
+// HV = hd / 16 output vectors; SETS interleaved accumulators (position mod SETS) hide the
+// latency of the adds, in an order fixed by absolute position.
+template <int HV, int SETS>
+static void attend_chunk_t(const bf16* q, const bf16* K, const bf16* V, int c0, int end, float* scores, float* partial) {
+    constexpr int hd = HV * 16;
+    const float scale = 1.0f / std::sqrt((float)hd);
+    const int n = end - c0;
+    __m512 mxv = _mm512_set1_ps(-INFINITY);
+    for (int t = 0; t < n; t += 16) {
+        const int k = n - t < 16 ? n - t : 16;
+        block_scores(q, K + (size_t)(c0 + t) * hd, k, hd, scale, scores + t);
+        mxv = _mm512_mask_max_ps(mxv, (__mmask16)((1u << k) - 1), mxv, _mm512_loadu_ps(scores + t));
+    }
+    const float mx = _mm512_reduce_max_ps(mxv);  // a maximum is exact in any order
+    __m512 sum = _mm512_setzero_ps();  // lane = position mod 16
+    for (int t = 0; t < n; t += 16) {
+        const __mmask16 mask = (__mmask16)((1u << (n - t < 16 ? n - t : 16)) - 1);
+        const __m512 e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(mask, scores + t), _mm512_set1_ps(mx)));
+        _mm512_mask_storeu_ps(scores + t, mask, e);
+        sum = _mm512_mask_add_ps(sum, mask, sum, e);
+    }
+    __m512 o[SETS][HV];
+    for (int s = 0; s < SETS; s++)
+        for (int i = 0; i < HV; i++) o[s][i] = _mm512_setzero_ps();
+    int t = 0;
+    for (; t + SETS <= n; t += SETS)
+        for (int s = 0; s < SETS; s++) {
+            const __m512 pv = _mm512_set1_ps(scores[t + s]);
+            const bf16* v = V + (size_t)(c0 + t + s) * hd;
+            for (int i = 0; i < HV; i++)
+                o[s][i] = _mm512_fmadd_ps(pv, _mm512_cvtpbh_ps((__m256bh)_mm256_loadu_si256((const __m256i*)(v + 16 * i))), o[s][i]);
+        }
+    for (int s = 0; t < n; t++, s++) {
+        const __m512 pv = _mm512_set1_ps(scores[t]);
+        const bf16* v = V + (size_t)(c0 + t) * hd;
+        for (int i = 0; i < HV; i++)
+            o[s][i] = _mm512_fmadd_ps(pv, _mm512_cvtpbh_ps((__m256bh)_mm256_loadu_si256((const __m256i*)(v + 16 * i))), o[s][i]);
+    }
+    for (int i = 0; i < HV; i++) {
+        __m512 acc = o[0][i];
+        for (int s = 1; s < SETS; s++) acc = _mm512_add_ps(acc, o[s][i]);
+        _mm512_storeu_ps(partial + 2 + 16 * i, acc);
+    }
+    alignas(64) float lanes[16];
+    _mm512_store_ps(lanes, sum);
+    partial[0] = mx;
+    partial[1] = tree16(lanes);
+}
+
+#else
+static inline void block_scores(const bf16* q, const bf16* K, int n, int hd, float scale, float* out) {
+    for (int j = 0; j < n; j++) {
+        float s;
+        dot_tile<1, 1>(q, hd, K + (size_t)j * hd, hd, hd, &s, 1);
+        out[j] = s * scale;
+    }
+}
+
+#endif
+
+// The generic form of a chunk: {max, sum of exp, sum of exp * V} for one (row, head) over
+// positions [c0, end).
+static void attend_chunk_generic(const bf16* q, const bf16* K, const bf16* V, int c0, int end, int hd, float* scores,
+                         float* partial) {
+    const float scale = 1.0f / std::sqrt((float)hd);
+    const int n = end - c0;
+    for (int t = 0; t < n; t += 16)
+        block_scores(q, K + (size_t)(c0 + t) * hd, n - t < 16 ? n - t : 16, hd, scale, scores + t);
+    float mx = -INFINITY;
+    for (int t = 0; t < n; t++) mx = scores[t] > mx ? scores[t] : mx;
+    float part[16] = {};  // lane = position mod 16 (c0 is a multiple of 16)
+    for (int t = 0; t < n; t++) {
+        scores[t] = exp_le0(scores[t] - mx);
+        part[t % 16] += scores[t];
+    }
+    float* o = partial + 2;
+    for (int d = 0; d < hd; d++) o[d] = 0.0f;
+    for (int t = 0; t < n; t++) {
+        const bf16* v = V + (size_t)(c0 + t) * hd;
+        for (int d = 0; d < hd; d++) o[d] += scores[t] * f32(v[d]);
+    }
+    partial[0] = mx;
+    partial[1] = tree16(part);
+}
+
+#if defined(__AVX512BF16__)
+static void attend_chunk(const bf16* q, const bf16* K, const bf16* V, int c0, int end, int hd, float* scores,
+                         float* partial) {
+    switch (hd) {  // the head sizes of common models; others take the generic form
+        case 64: return attend_chunk_t<4, 4>(q, K, V, c0, end, scores, partial);
+        case 128: return attend_chunk_t<8, 2>(q, K, V, c0, end, scores, partial);
+        case 96: return attend_chunk_t<6, 2>(q, K, V, c0, end, scores, partial);
+        case 32: return attend_chunk_t<2, 4>(q, K, V, c0, end, scores, partial);
+        case 256: return attend_chunk_t<16, 1>(q, K, V, c0, end, scores, partial);
+        default: return attend_chunk_generic(q, K, V, c0, end, hd, scores, partial);
+    }
+}
+#else
+static void attend_chunk(const bf16* q, const bf16* K, const bf16* V, int c0, int end, int hd, float* scores,
+                         float* partial) {
+    attend_chunk_generic(q, K, V, c0, end, hd, scores, partial);
+}
+#endif
+
+// A row's chunks merged in order: softmax-weighted output, rounded to bf16.
+static void merge_chunks(const float* partial, int chunks, int hd, bf16* out) {
+    const int stride = hd + 2;
+    float mx = -INFINITY;
+    for (int c = 0; c < chunks; c++) mx = partial[c * stride] > mx ? partial[c * stride] : mx;
+    float sum = 0.0f, o[256] = {};
+    for (int c = 0; c < chunks; c++) {
+        const float* p = partial + (size_t)c * stride;
+        const float w = exp_le0(p[0] - mx);
+        sum += w * p[1];
+        for (int d = 0; d < hd; d++) o[d] += w * p[2 + d];
+    }
+    const float inv = 1.0f / sum;
+    for (int d = 0; d < hd; d++) out[d] = to_bf16(o[d] * inv);
+}
+
+// Per layer: 9 weight pointers, then 7 optional biases (null when absent).
+enum { IN_NORM, WQ, WK, WV, WO, POST_NORM, WG, WU, WD, BQ, BK, BV, BO, BG, BU, BD, PER_LAYER };
+
+extern "C" const char* specdec_isa() { return SPECDEC_ISA; }
+
+// cfg: D, I, H, Hkv, hd, layers, capacity, vocab rows of `head`.
+// cache_k / cache_v: [layers, Hkv, capacity, hd] bf16. Writes the M new positions' K/V at
+// start.., and logits [out_rows, head rows] for the last out_rows rows (1 or M).
+extern "C" int specdec_pass(const int64_t* cfg, float eps, const float* inv_freq, const uint64_t* layer_ptrs,
+                            const bf16* embed, const bf16* final_norm, const bf16* head, bf16* cache_k,
+                            bf16* cache_v, const int64_t* tokens, int M, int start, int out_rows, float* logits,
+                            int nthreads) {
+    const int D = (int)cfg[0], I = (int)cfg[1], H = (int)cfg[2], Hkv = (int)cfg[3], hd = (int)cfg[4];
+    const int layers = (int)cfg[5], C = (int)cfg[6], Vh = (int)cfg[7];
+    if (M < 1 || M > 32 || start + M > C || D % 32 || I % 32 || hd % 32 || hd > 256 || H % Hkv || out_rows < 1 || out_rows > M)
+        return 1;
+    const int Q = H * hd, KV = Hkv * hd, group = H / Hkv, half = hd / 2;
+    std::vector<float> x((size_t)M * D), buf((size_t)M * 2 * (I > Q + 2 * KV ? I : Q + 2 * KV));
+    std::vector<float> rope_cos((size_t)M * half), rope_sin((size_t)M * half);
+    std::vector<bf16> xn((size_t)M * D), qb((size_t)M * Q), att((size_t)M * Q), h((size_t)M * I);
+    const int chunks = (start + M + CHUNK - 1) / CHUNK;
+    std::vector<float> scores((size_t)nthreads * CHUNK), partial((size_t)H * M * chunks * (hd + 2));
+    for (int m = 0; m < M; m++) {
+        for (int d = 0; d < D; d++) x[(size_t)m * D + d] = f32(embed[(size_t)tokens[m] * D + d]);
+        for (int j = 0; j < half; j++) {  // positions are absolute token indices, as in the reference
+            float a = (float)(start + m) * inv_freq[j];
+            rope_cos[(size_t)m * half + j] = std::cos(a);
+            rope_sin[(size_t)m * half + j] = std::sin(a);
+        }
+    }
+    const int ldq = Q + 2 * KV;
+#pragma omp parallel num_threads(nthreads)
+    {
+        const int tid = omp_get_thread_num(), nt = omp_get_num_threads();
+        int lo, hi;
+        for (int layer = 0; layer < layers; layer++) {
+            const bf16* const* p = (const bf16* const*)(layer_ptrs + (size_t)layer * PER_LAYER);
+            bf16* kc = cache_k + (size_t)layer * Hkv * C * hd;
+            bf16* vc = cache_v + (size_t)layer * Hkv * C * hd;
+#pragma omp for schedule(static)
+            for (int m = 0; m < M; m++) rms_norm(&x[(size_t)m * D], p[IN_NORM], D, eps, &xn[(size_t)m * D]);
+            // q, k, v heads, whole heads per thread so RoPE stays local.
+            share(H + 2 * Hkv, 1, tid, nt, &lo, &hi);
+            for (int u = lo; u < hi; u++) {
+                const bf16* w = u < H ? p[WQ] + (size_t)u * hd * D
+                              : u < H + Hkv ? p[WK] + (size_t)(u - H) * hd * D
+                                            : p[WV] + (size_t)(u - H - Hkv) * hd * D;
+                const bf16* b = u < H ? p[BQ] : u < H + Hkv ? p[BK] : p[BV];
+                const int boff = (u < H ? u : u < H + Hkv ? u - H : u - H - Hkv) * hd;
+                float* o = &buf[(size_t)u * hd];
+                dots(xn.data(), M, D, w, 0, hd, o, ldq);
+                for (int m = 0; m < M; m++) {
+                    float* y = o + (size_t)m * ldq;
+                    if (b)
+                        for (int d = 0; d < hd; d++) y[d] += f32(b[boff + d]);
+                    // Round as the reference does (its projection outputs are bf16), then rotate.
+                    for (int d = 0; d < hd; d++) y[d] = f32(to_bf16(y[d]));
+                    if (u < H + Hkv) {
+                        const float* c = &rope_cos[(size_t)m * half];
+                        const float* s = &rope_sin[(size_t)m * half];
+                        for (int j = 0; j < half; j++) {
+                            float a = y[j], z = y[j + half];
+                            y[j] = a * c[j] - z * s[j];
+                            y[j + half] = z * c[j] + a * s[j];
+                        }
+                    }
+                    if (u < H) {
+                        for (int d = 0; d < hd; d++) qb[(size_t)m * Q + u * hd + d] = to_bf16(y[d]);
+                    } else {
+                        bf16* dst = (u < H + Hkv ? kc + (size_t)(u - H) * C * hd : vc + (size_t)(u - H - Hkv) * C * hd)
+                                    + (size_t)(start + m) * hd;
+                        for (int d = 0; d < hd; d++) dst[d] = to_bf16(y[d]);
+                    }
+                }
+            }
+#pragma omp barrier
+#pragma omp for schedule(dynamic, 1)
+            for (int task = 0; task < Hkv * chunks; task++) {
+                const int g = task / chunks, c = task % chunks, c0 = c * CHUNK;
+                for (int m = 0; m < M; m++) {
+                    const int n = start + m + 1;  // row m sees positions 0..start+m
+                    if (n <= c0) continue;
+                    const int end = n < c0 + CHUNK ? n : c0 + CHUNK;
+                    for (int hh = g * group; hh < (g + 1) * group; hh++)
+                        attend_chunk(&qb[(size_t)m * Q + hh * hd], kc + (size_t)g * C * hd, vc + (size_t)g * C * hd,
+                                     c0, end, hd, &scores[(size_t)tid * CHUNK],
+                                     &partial[(((size_t)hh * M + m) * chunks + c) * (hd + 2)]);
+                }
+            }
+#pragma omp for schedule(static)
+            for (int task = 0; task < M * H; task++) {
+                const int m = task / H, hh = task % H;
+                merge_chunks(&partial[((size_t)hh * M + m) * chunks * (hd + 2)], (start + m + CHUNK) / CHUNK, hd,
+                             &att[(size_t)m * Q + hh * hd]);
+            }
+            share(D, 16, tid, nt, &lo, &hi);
+            dots(att.data(), M, Q, p[WO], lo, hi, &buf[lo], D);
+            for (int m = 0; m < M; m++)
+                for (int n = lo; n < hi; n++)
+                    x[(size_t)m * D + n] += f32(to_bf16(buf[(size_t)m * D + n] + (p[BO] ? f32(p[BO][n]) : 0.0f)));
+#pragma omp barrier
+#pragma omp for schedule(static)
+            for (int m = 0; m < M; m++) rms_norm(&x[(size_t)m * D], p[POST_NORM], D, eps, &xn[(size_t)m * D]);
+            share(I, 16, tid, nt, &lo, &hi);
+            dots(xn.data(), M, D, p[WG], lo, hi, &buf[lo], 2 * I);
+            dots(xn.data(), M, D, p[WU], lo, hi, &buf[I + lo], 2 * I);
+            for (int m = 0; m < M; m++)
+                for (int n = lo; n < hi; n++) {
+                    float g = f32(to_bf16(buf[(size_t)m * 2 * I + n] + (p[BG] ? f32(p[BG][n]) : 0.0f)));
+                    float u = f32(to_bf16(buf[(size_t)m * 2 * I + I + n] + (p[BU] ? f32(p[BU][n]) : 0.0f)));
+                    float silu = f32(to_bf16(g / (1.0f + exp_le0(-g))));
+                    h[(size_t)m * I + n] = to_bf16(silu * u);
+                }
+#pragma omp barrier
+            share(D, 16, tid, nt, &lo, &hi);
+            dots(h.data(), M, I, p[WD], lo, hi, &buf[lo], D);
+            for (int m = 0; m < M; m++)
+                for (int n = lo; n < hi; n++)
+                    x[(size_t)m * D + n] += f32(to_bf16(buf[(size_t)m * D + n] + (p[BD] ? f32(p[BD][n]) : 0.0f)));
+#pragma omp barrier
+        }
+        const int first = M - out_rows;
+#pragma omp for schedule(static)
+        for (int m = first; m < M; m++) rms_norm(&x[(size_t)m * D], final_norm, D, eps, &xn[(size_t)m * D]);
+        share(Vh, 16, tid, nt, &lo, &hi);
+        dots(&xn[(size_t)first * D], out_rows, D, head, lo, hi, logits + lo, Vh);
+    }
+    return 0;
+}
+
+// out [M, N] = x [M, K] . W [N, K]^T in fp32, with the pass's dot products (for tests and probes).
+extern "C" void specdec_linear(const bf16* x, int M, int K, const bf16* W, int N, float* out, int nthreads) {
+#pragma omp parallel num_threads(nthreads)
+    {
+        int lo, hi;
+        share(N, 16, omp_get_thread_num(), omp_get_num_threads(), &lo, &hi);
+        dots(x, M, K, W, lo, hi, out + lo, N);
+    }
+}

@@ -1,0 +1,188 @@
+"""The native engine's fast path: one C++ call per decoding pass of up to 32 tokens (kernel.cpp).
+
+Plain decoding and speculative verification both run passes of a few tokens, and on a CPU
+those are memory-bound: the pass should cost the time it takes to read the weights once.
+torch's bf16 matmuls reach about half that bandwidth at a few rows, and a 30-layer pass
+spends several milliseconds more in per-op overhead. The kernel streams each weight row once
+for all rows of the block, in one OpenMP team, and computes every row the same way whatever
+the block size, so a verification pass scores exactly as the one-token passes would.
+
+It is compiled on first use with the system's C++ compiler (`$CXX`, else g++) into the user
+cache, for this CPU (AVX512-BF16 dot products where the CPU has them, a portable vectorized
+form otherwise). Without a compiler the engine says so once and uses its pure-torch path.
+SPECDEC_KERNEL=off turns the kernel off; SPECDEC_KERNEL=portable builds the portable form.
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+SOURCE = Path(__file__).with_name("kernel.cpp")
+MAX_ROWS = 32  # the kernel's block limit; speculation verifies at most k_max + 1 = 17 tokens
+PER_LAYER = 16  # pointers per layer, in kernel.cpp's order
+_FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC", "-std=c++17"]
+_library: ctypes.CDLL | None | bool = False  # False: not tried yet
+
+
+def _mode() -> str:
+    mode = os.environ.get("SPECDEC_KERNEL", "on").lower()
+    if mode not in ("on", "off", "portable"):
+        raise ValueError(f"SPECDEC_KERNEL must be on, off or portable, not {mode!r}")
+    return mode
+
+
+def _cpu_flags() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                return line
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def build(mode: str | None = None) -> Path:
+    """Compile kernel.cpp for this CPU into the cache (once per source, compiler and CPU)."""
+    from .loading import cache_dir
+
+    mode = mode or _mode()
+    cxx = shutil.which(os.environ.get("CXX", "g++"))
+    if cxx is None:
+        raise FileNotFoundError(f"no C++ compiler: {os.environ.get('CXX', 'g++')!r} is not on PATH")
+    flags = _FLAGS + (["-mno-avx512bf16"] if mode == "portable" else [])
+    version = subprocess.run([cxx, "--version"], capture_output=True, text=True).stdout
+    key = hashlib.sha256("\0".join([SOURCE.read_text(), " ".join(flags), version, platform.machine(),
+                                    _cpu_flags()]).encode()).hexdigest()[:16]
+    out = cache_dir() / "kernels" / key / "libspecdec_kernel.so"
+    if not out.exists():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
+            tmp_out = Path(tmp) / out.name
+            done = subprocess.run([cxx, *flags, str(SOURCE), "-o", str(tmp_out)], capture_output=True, text=True)
+            if done.returncode != 0:
+                raise RuntimeError(f"{cxx} failed on {SOURCE.name}: {done.stderr.strip()[-2000:]}")
+            os.replace(tmp_out, out)  # atomic: a concurrent build never sees half a file
+    return out
+
+
+def load(path: Path) -> ctypes.CDLL:
+    """A built kernel library, with its entry points typed."""
+    lib = ctypes.CDLL(str(path))
+    lib.specdec_isa.restype = ctypes.c_char_p
+    lib.specdec_pass.restype = ctypes.c_int
+    p, i = ctypes.c_void_p, ctypes.c_int
+    lib.specdec_pass.argtypes = [p, ctypes.c_float, p, p, p, p, p, p, p, p, i, i, i, p, i]
+    lib.specdec_linear.restype = None
+    lib.specdec_linear.argtypes = [p, i, i, p, i, p, i]
+    return lib
+
+
+def library() -> ctypes.CDLL | None:
+    """The compiled kernel, or None (turned off, or it cannot be built: said once on stderr)."""
+    global _library
+    if _library is False:
+        _library = None
+        mode = _mode()
+        if mode != "off":
+            try:
+                _library = load(build(mode))
+            except (OSError, RuntimeError) as e:
+                print(f"specdec: the native engine's fast kernel is unavailable ({e}); using the slower "
+                      f"pure-torch path", file=sys.stderr)
+    return _library
+
+
+def use(lib: ctypes.CDLL | None) -> None:
+    """Make `lib` the kernel the native engine calls (None: the pure-torch path). For tests and probes."""
+    global _library
+    _library = lib
+
+
+def isa() -> str | None:
+    """Which form of the kernel runs here ("avx512-bf16", "portable"), or None."""
+    lib = library()
+    return lib.specdec_isa().decode() if lib is not None else None
+
+
+def supports(module) -> bool:
+    """Whether the kernel computes this model: bf16 on the CPU, in shapes it tiles."""
+    c = module.cfg
+    w = module.lm_head.weight
+    return (w.dtype == torch.bfloat16 and w.device.type == "cpu" and c.hidden_size % 32 == 0
+            and c.intermediate_size % 32 == 0 and c.head_dim % 32 == 0 and c.head_dim <= 256
+            and c.num_heads % c.num_kv_heads == 0)
+
+
+class Plan:
+    """Raw pointers to a module's weights, in the kernel's order, built once per module."""
+
+    def __init__(self, module):
+        c = module.cfg
+        self.tensors = []  # what the pointers point into
+
+        def ptr(t) -> int:
+            if t is None:
+                return 0
+            if t.dtype != torch.bfloat16 or not t.is_contiguous():
+                raise ValueError("kernel weights must be contiguous bf16")
+            self.tensors.append(t)
+            return t.data_ptr()
+
+        ptrs = []
+        for layer in module.model.layers:
+            a, f = layer.self_attn, layer.mlp
+            weights = [layer.input_layernorm.weight, a.q_proj.weight, a.k_proj.weight, a.v_proj.weight,
+                       a.o_proj.weight, layer.post_attention_layernorm.weight, f.gate_proj.weight,
+                       f.up_proj.weight, f.down_proj.weight]
+            biases = [a.q_proj.bias, a.k_proj.bias, a.v_proj.bias, a.o_proj.bias, f.gate_proj.bias,
+                      f.up_proj.bias, f.down_proj.bias]
+            ptrs += [ptr(t.detach()) for t in weights] + [ptr(None if t is None else t.detach()) for t in biases]
+        self.layer_ptrs = torch.tensor(ptrs, dtype=torch.uint64)
+        self.embed = ptr(module.model.embed_tokens.weight.detach())
+        self.final_norm = ptr(module.model.norm.weight.detach())
+        self.head = module.lm_head.weight.detach()
+        self.inv_freq = module.inv_freq.float().contiguous()
+        self.dims = [c.hidden_size, c.intermediate_size, c.num_heads, c.num_kv_heads, c.head_dim, c.num_layers]
+        self.eps = c.rms_norm_eps
+        self.fingerprint = fingerprint(module)
+
+
+def fingerprint(module) -> tuple:
+    """Cheap check that the weights a plan points into are still the module's."""
+    m = module.model
+    return (m.embed_tokens.weight.data_ptr(), module.lm_head.weight.data_ptr(), m.norm.weight.data_ptr(),
+            m.layers[0].self_attn.q_proj.weight.data_ptr(), m.layers[-1].mlp.down_proj.weight.data_ptr())
+
+
+def plan_for(module) -> Plan:
+    plan = getattr(module, "_kernel_plan", None)
+    if plan is None or plan.fingerprint != fingerprint(module):
+        plan = module._kernel_plan = Plan(module)
+    return plan
+
+
+def run(lib, module, tokens: torch.Tensor, cache, out_rows: int, head_rows: torch.Tensor | None) -> torch.Tensor:
+    """Logits [out_rows, head rows] for the last out_rows of `tokens`; appends their K/V to `cache`."""
+    plan = plan_for(module)
+    head = plan.head if head_rows is None else head_rows
+    if head.dtype != torch.bfloat16 or not head.is_contiguous():
+        raise ValueError("kernel head rows must be contiguous bf16")
+    tokens = tokens.contiguous()
+    M, start = tokens.shape[0], cache.length
+    cfg = torch.tensor(plan.dims + [cache.capacity, head.shape[0]], dtype=torch.int64)
+    logits = torch.empty((out_rows, head.shape[0]), dtype=torch.float32)
+    rc = lib.specdec_pass(cfg.data_ptr(), plan.eps, plan.inv_freq.data_ptr(), plan.layer_ptrs.data_ptr(),
+                          plan.embed, plan.final_norm, head.data_ptr(), cache.k.data_ptr(), cache.v.data_ptr(),
+                          tokens.data_ptr(), M, start, out_rows, logits.data_ptr(), torch.get_num_threads())
+    if rc != 0:
+        raise RuntimeError(f"kernel refused a pass of {M} tokens at position {start}")
+    return logits

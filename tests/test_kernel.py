@@ -1,0 +1,201 @@
+"""The native engine's bf16 kernel (specdec/models/kernel.cpp).
+
+Row invariance is the contract: row j of a (k+1)-token pass has exactly the bits of the
+one-token pass at that position, logits and the K/V it writes, so greedy speculative output
+equals plain greedy output in bf16 by construction. Both forms of the kernel are held to it
+(this CPU's, and the portable one other CPUs build), on tiny models of each supported shape
+and on the embedded model. Closeness to float32 checks that the kernel computes the model.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from specdec import NgramDrafter, generate, load_model, speculative_generate
+from specdec.models import kernel
+
+from tiny import needs_model, save_tiny
+
+pytestmark = pytest.mark.skipif(kernel.library() is None, reason="the kernel cannot be built here (no C++ compiler)")
+
+# Tiny checkpoints in shapes the kernel tiles: head sizes 32, 64 and 128, grouped and
+# multi-head attention, biases, tied heads, scaled RoPE.
+SHAPES = {
+    "gqa-hd32": ("llama", dict(hidden_size=128, num_attention_heads=4, num_key_value_heads=2)),
+    "mha-hd64": ("llama-tied", dict(hidden_size=128, num_attention_heads=2, num_key_value_heads=2)),
+    "mqa-hd128": ("llama", dict(hidden_size=256, num_attention_heads=2, num_key_value_heads=1)),
+    "bias": ("llama-bias", dict(hidden_size=128, num_attention_heads=4, num_key_value_heads=2)),
+    "qwen2": ("qwen2", dict(hidden_size=128, num_attention_heads=4, num_key_value_heads=1)),
+    "llama3-rope": ("llama3-rope", dict(hidden_size=128, num_attention_heads=2, num_key_value_heads=1)),
+}
+COMMON = dict(intermediate_size=96, max_position_embeddings=512)
+
+
+@pytest.fixture(scope="module", params=["native", "portable"])
+def lib(request):
+    """Each form of the kernel in turn, made the engine's kernel for the test."""
+    before = kernel.library()
+    built = before if request.param == "native" else kernel.load(kernel.build("portable"))
+    assert kernel.isa() is not None
+    kernel.use(built)
+    yield built
+    kernel.use(before)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    root = tmp_path_factory.mktemp("kernel")
+    return {name: save_tiny(root / name, kind, seed=3, **COMMON, **over) for name, (kind, over) in SHAPES.items()}
+
+
+def one_by_one(model, prefix, block):
+    """Logits and K/V of `block` fed one token at a time after `prefix`."""
+    model.reset(len(prefix) + len(block))
+    model.forward(prefix, last_only=True)
+    logits = torch.cat([model.forward([t]) for t in block])
+    return logits, model.cache.k[:, :, :, len(prefix):len(prefix) + len(block)].clone(), \
+        model.cache.v[:, :, :, len(prefix):len(prefix) + len(block)].clone()
+
+
+def in_one_pass(model, prefix, block):
+    model.reset(len(prefix) + len(block))
+    model.forward(prefix, last_only=True)
+    logits = model.forward(block)
+    return logits, model.cache.k[:, :, :, len(prefix):len(prefix) + len(block)].clone(), \
+        model.cache.v[:, :, :, len(prefix):len(prefix) + len(block)].clone()
+
+
+def assert_row_invariant(model, prefix, block):
+    a, ka, va = one_by_one(model, prefix, block)
+    b, kb, vb = in_one_pass(model, prefix, block)
+    assert torch.equal(a, b), f"logits differ at {len(prefix)}+{len(block)}: max {(a - b).abs().max().item()}"
+    assert torch.equal(ka, kb) and torch.equal(va, vb), "the K/V a block writes differ from one-token passes"
+
+
+@pytest.mark.parametrize("shape", sorted(SHAPES))
+def test_block_rows_are_one_token_passes_bit_for_bit(shape, tiny, lib):
+    model = load_model(tiny[shape], dtype="bfloat16")
+    assert kernel.supports(model.module)
+    g = torch.Generator().manual_seed(sorted(SHAPES).index(shape))
+    # prefixes short enough for a kernel prefill and long enough for the torch one; blocks up to
+    # the kernel's limit; positions across attention's 128-position chunks.
+    for prefix_len, block_len in [(1, 2), (7, 5), (30, 17), (40, 9), (120, 17), (126, 32), (300, 3)]:
+        ids = torch.randint(0, 64, (prefix_len + block_len,), generator=g).tolist()
+        assert_row_invariant(model, ids[:prefix_len], ids[prefix_len:])
+
+
+@pytest.mark.parametrize("shape", sorted(SHAPES))
+def test_kernel_computes_the_model(shape, tiny, lib):
+    # against the float32 model, to bf16 precision, in one-token steps and in blocks
+    ref = load_model(tiny[shape], dtype="float32")
+    ids = torch.randint(0, 64, (160,), generator=torch.Generator().manual_seed(1)).tolist()
+    ref.reset(len(ids))
+    want = ref.forward(ids)
+    model = load_model(tiny[shape], dtype="bfloat16")
+    model.reset(len(ids))
+    got = [model.forward(ids[:40])]
+    pos = 40
+    for n in (1, 5, 1, 17, 32, 1, 9):
+        got.append(model.forward(ids[pos:pos + n]))
+        pos += n
+    got = torch.cat(got)
+    assert (got - want[:pos]).abs().max().item() <= 0.05 * want.abs().max().item()
+
+
+def test_restricted_head_scores_only_its_tokens(tiny, lib):
+    model = load_model(tiny["gqa-hd32"], dtype="bfloat16")
+    full = in_one_pass(model, [1, 2, 3], [4, 5, 6])[0]
+    model.restrict_head([0, 5, 9, 63])
+    part = in_one_pass(model, [1, 2, 3], [4, 5, 6])[0]
+    assert torch.equal(part[:, [0, 5, 9, 63]], full[:, [0, 5, 9, 63]])
+    assert torch.isinf(part).sum() == 3 * 60
+
+
+def test_bad_token_ids_are_refused_before_the_kernel_reads_memory(tiny, lib):
+    model = load_model(tiny["gqa-hd32"], dtype="bfloat16")
+    model.reset(8)
+    with pytest.raises(IndexError, match="token ids must be in"):
+        model.forward([1, 64])
+
+
+def test_float32_models_keep_the_torch_path(tiny):
+    model = load_model(tiny["gqa-hd32"], dtype="float32")
+    assert not kernel.supports(model.module)
+
+
+def test_linear_matches_a_float32_matmul(lib):
+    g = torch.Generator().manual_seed(0)
+    W = torch.randn(100, 96, generator=g).bfloat16()
+    for M in (1, 3, 6, 7, 13, 32):
+        x = torch.randn(M, 96, generator=g).bfloat16()
+        out = torch.empty(M, 100)
+        lib.specdec_linear(x.data_ptr(), M, 96, W.data_ptr(), 100, out.data_ptr(), 2)
+        assert torch.allclose(out, x.float() @ W.float().T, rtol=1e-5, atol=1e-4)
+        if M > 1:  # each row as it would be alone
+            one = torch.empty(1, 100)
+            lib.specdec_linear(x[-1:].contiguous().data_ptr(), 1, 96, W.data_ptr(), 100, one.data_ptr(), 1)
+            assert torch.equal(one[0], out[-1])
+
+
+@needs_model
+def test_the_embedded_model_is_row_invariant(lib):
+    model = load_model("smollm2-135m-instruct", dtype="bfloat16")
+    ids = model.tokenizer.encode("Speculative decoding verifies a block of drafted tokens in one pass. " * 6)
+    for prefix_len, block_len in [(len(ids) - 17, 17), (len(ids) - 5, 5), (20, 9)]:
+        assert_row_invariant(model, ids[:prefix_len], ids[prefix_len:prefix_len + block_len])
+
+
+@needs_model
+def test_the_torch_path_is_not_row_invariant_which_is_why_the_kernel_exists(lib):
+    # The same check on the pure-torch bf16 path fails: it is what the test above guards.
+    model = load_model("smollm2-135m-instruct", dtype="bfloat16")
+    ids = model.tokenizer.encode("Speculative decoding verifies a block of drafted tokens in one pass. " * 6)
+    kernel.use(None)
+    try:
+        a = one_by_one(model, ids[:-9], ids[-9:])[0]
+        b = in_one_pass(model, ids[:-9], ids[-9:])[0]
+    finally:
+        kernel.use(lib)
+    assert not torch.equal(a, b)
+
+
+@needs_model
+@pytest.mark.parametrize("prompt", ["Write a short story about a lighthouse keeper.",
+                                    "List three uses of copper and explain each briefly."])
+def test_bf16_greedy_speculation_is_plain_greedy_exactly(prompt, lib):
+    model = load_model("smollm2-135m-instruct", dtype="bfloat16")
+    plain = generate(model, model.tokenizer, prompt, 48, chat=True)
+    for k in (4, "auto"):
+        spec = speculative_generate(model, NgramDrafter(), model.tokenizer, prompt, 48, num_draft_tokens=k, chat=True)
+        assert spec.token_ids == plain.token_ids
+
+
+def run_python(code: str, **env) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, **env})
+
+
+PROBE = ("import torch; from specdec import load_model; from specdec.models import kernel; "
+         "m = load_model({path!r}, dtype='bfloat16'); m.reset(8); m.forward([1, 2, 3]); m.forward([4]); "
+         "print('kernel', kernel.isa())")
+
+
+def test_without_a_compiler_the_engine_says_so_once_and_runs_on_torch(tiny, tmp_path):
+    done = run_python(PROBE.format(path=str(tiny["gqa-hd32"])), CXX="no-such-compiler",
+                      SPECDEC_CACHE=str(tmp_path / "cache"))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "kernel None"
+    notices = [line for line in done.stderr.splitlines() if "fast kernel is unavailable" in line]
+    assert len(notices) == 1 and "no-such-compiler" in notices[0]
+
+
+def test_the_kernel_can_be_turned_off(tiny):
+    done = run_python(PROBE.format(path=str(tiny["gqa-hd32"])), SPECDEC_KERNEL="off")
+    assert done.returncode == 0 and done.stdout.strip() == "kernel None" and "unavailable" not in done.stderr
+    bad = run_python(PROBE.format(path=str(tiny["gqa-hd32"])), SPECDEC_KERNEL="sometimes")
+    assert bad.returncode != 0 and "SPECDEC_KERNEL must be on, off or portable" in bad.stderr
+
