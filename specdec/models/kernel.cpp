@@ -36,12 +36,13 @@ static inline float f32(bf16 h) {
     return f;
 }
 
-static inline bf16 to_bf16(float f) {  // round to nearest even, as torch does
+// Round to nearest even, as torch does; NaN stays NaN. Branch-free, so that loops of it
+// vectorize, and a vector lane computes exactly what the scalar form does.
+static inline bf16 to_bf16(float f) {
     uint32_t u;
     std::memcpy(&u, &f, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (bf16)((u >> 16) | 0x40);  // NaN stays NaN
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (bf16)(u >> 16);
+    const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    return (bf16)((u & 0x7fffffffu) > 0x7f800000u ? (u >> 16) | 0x40u : rounded);
 }
 
 // Sum of 16 partial sums by one fixed tree.
@@ -148,8 +149,8 @@ static inline void share(int n, int unit, int tid, int nt, int* lo, int* hi) {
 // exp(x) for x <= 0 (and a little above): 2^n * p(r), r = x - n ln2, a degree-6 Taylor form.
 // Only IEEE +, * and floor: the same bits in a vector lane and in a scalar tail.
 static inline float exp_le0(float x) {
-    if (x < -87.0f) x = -87.0f;
-    if (x > 88.0f) x = 88.0f;
+    x = x < -87.0f ? -87.0f : x;
+    x = x > 88.0f ? 88.0f : x;
     float n = std::floor(x * 1.44269504f + 0.5f);
     float r = (x - n * 0.693145752f) - n * 1.42860677e-6f;
     float p = 1.0f + r * (1.0f + r * (0.5f + r * (0.166666672f + r * (0.0416666679f + r * (0.00833333377f + r * 0.00138888892f)))));
@@ -166,6 +167,30 @@ static void rms_norm(const float* x, const bf16* w, int D, float eps, bf16* out)
         for (int l = 0; l < 16; l++) part[l] += x[d + l] * x[d + l];
     float r = 1.0f / std::sqrt(tree16(part) / (float)D + eps);
     for (int d = 0; d < D; d++) out[d] = to_bf16(f32(w[d]) * f32(to_bf16(x[d] * r)));
+}
+
+// Projection outputs are rounded to bf16, as the reference's are, then added to the residual.
+static void add_residual(float* x, int ldx, const float* y, int ldy, const bf16* bias, int M, int n) {
+    for (int m = 0; m < M; m++) {
+        float* xm = x + (size_t)m * ldx;
+        const float* ym = y + (size_t)m * ldy;
+        if (bias)
+            for (int i = 0; i < n; i++) xm[i] += f32(to_bf16(ym[i] + f32(bias[i])));
+        else
+            for (int i = 0; i < n; i++) xm[i] += f32(to_bf16(ym[i]));
+    }
+}
+
+// out = bf16(silu(gate) * up), each rounded where the reference rounds.
+static void swiglu(float* gate, float* up, const bf16* bg, const bf16* bu, int n, bf16* out) {
+    if (bg)
+        for (int i = 0; i < n; i++) gate[i] += f32(bg[i]);
+    if (bu)
+        for (int i = 0; i < n; i++) up[i] += f32(bu[i]);
+    for (int i = 0; i < n; i++) {
+        const float g = f32(to_bf16(gate[i])), u = f32(to_bf16(up[i]));
+        out[i] = to_bf16(f32(to_bf16(g / (1.0f + exp_le0(-g)))) * u);
+    }
 }
 
 // ---- attention: softmax(q.K / sqrt(hd)) V over the static cache, split into chunks ----
@@ -441,9 +466,7 @@ extern "C" int specdec_pass(const int64_t* cfg, float eps, const float* inv_freq
             }
             share(D, 16, tid, nt, &lo, &hi);
             dots(att.data(), M, Q, p[WO], lo, hi, &buf[lo], D);
-            for (int m = 0; m < M; m++)
-                for (int n = lo; n < hi; n++)
-                    x[(size_t)m * D + n] += f32(to_bf16(buf[(size_t)m * D + n] + (p[BO] ? f32(p[BO][n]) : 0.0f)));
+            add_residual(&x[lo], D, &buf[lo], D, p[BO] ? p[BO] + lo : nullptr, M, hi - lo);
 #pragma omp barrier
 #pragma omp for schedule(static)
             for (int m = 0; m < M; m++) rms_norm(&x[(size_t)m * D], p[POST_NORM], D, eps, &xn[(size_t)m * D]);
@@ -451,18 +474,12 @@ extern "C" int specdec_pass(const int64_t* cfg, float eps, const float* inv_freq
             dots(xn.data(), M, D, p[WG], lo, hi, &buf[lo], 2 * I);
             dots(xn.data(), M, D, p[WU], lo, hi, &buf[I + lo], 2 * I);
             for (int m = 0; m < M; m++)
-                for (int n = lo; n < hi; n++) {
-                    float g = f32(to_bf16(buf[(size_t)m * 2 * I + n] + (p[BG] ? f32(p[BG][n]) : 0.0f)));
-                    float u = f32(to_bf16(buf[(size_t)m * 2 * I + I + n] + (p[BU] ? f32(p[BU][n]) : 0.0f)));
-                    float silu = f32(to_bf16(g / (1.0f + exp_le0(-g))));
-                    h[(size_t)m * I + n] = to_bf16(silu * u);
-                }
+                swiglu(&buf[(size_t)m * 2 * I + lo], &buf[(size_t)m * 2 * I + I + lo], p[BG] ? p[BG] + lo : nullptr,
+                       p[BU] ? p[BU] + lo : nullptr, hi - lo, &h[(size_t)m * I + lo]);
 #pragma omp barrier
             share(D, 16, tid, nt, &lo, &hi);
             dots(h.data(), M, I, p[WD], lo, hi, &buf[lo], D);
-            for (int m = 0; m < M; m++)
-                for (int n = lo; n < hi; n++)
-                    x[(size_t)m * D + n] += f32(to_bf16(buf[(size_t)m * D + n] + (p[BD] ? f32(p[BD][n]) : 0.0f)));
+            add_residual(&x[lo], D, &buf[lo], D, p[BD] ? p[BD] + lo : nullptr, M, hi - lo);
 #pragma omp barrier
         }
         const int first = M - out_rows;
