@@ -214,6 +214,37 @@ static void add_residual(float* x, int ldx, const float* y, int ldy, const bf16*
 }
 
 // out = bf16(silu(gate) * up), each rounded where the reference rounds.
+#if defined(__AVX512BF16__)
+static inline __m512 f32x16(__m256i h) { return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)); }
+
+static inline __m256i bf16x16(__m512 f) {  // to_bf16 on 16 lanes, the same integer steps
+    const __m512i u = _mm512_castps_si512(f);
+    const __m512i rounded = _mm512_srli_epi32(
+        _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1)))), 16);
+    const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(0x7f800000));
+    const __m512i quiet = _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
+    return _mm512_cvtepi32_epi16(_mm512_mask_blend_epi32(nan, rounded, quiet));
+}
+
+static inline __m512 round_bf16(__m512 f) { return f32x16(bf16x16(f)); }
+
+static inline __m512 exp16(__m512 x);
+
+// Vectorized by hand (the compiler leaves this loop scalar), 16 at a time with masked tails, so
+// every element takes the same instructions.
+static void swiglu(float* gate, float* up, const bf16* bg, const bf16* bu, int n, bf16* out) {
+    for (int i = 0; i < n; i += 16) {
+        const __mmask16 mask = (__mmask16)(n - i >= 16 ? 0xffff : (1u << (n - i)) - 1);
+        __m512 g = _mm512_maskz_loadu_ps(mask, gate + i), u = _mm512_maskz_loadu_ps(mask, up + i);
+        if (bg) g = _mm512_add_ps(g, f32x16(_mm256_maskz_loadu_epi16(mask, bg + i)));
+        if (bu) u = _mm512_add_ps(u, f32x16(_mm256_maskz_loadu_epi16(mask, bu + i)));
+        g = round_bf16(g);
+        u = round_bf16(u);
+        const __m512 silu = round_bf16(_mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.0f), exp16(_mm512_sub_ps(_mm512_setzero_ps(), g)))));
+        _mm256_mask_storeu_epi16(out + i, mask, bf16x16(_mm512_mul_ps(silu, u)));
+    }
+}
+#else
 static void swiglu(float* gate, float* up, const bf16* bg, const bf16* bu, int n, bf16* out) {
     if (bg)
         for (int i = 0; i < n; i++) gate[i] += f32(bg[i]);
@@ -224,6 +255,7 @@ static void swiglu(float* gate, float* up, const bf16* bg, const bf16* bu, int n
         out[i] = to_bf16(f32(to_bf16(g / (1.0f + exp_le0(-g)))) * u);
     }
 }
+#endif
 
 // ---- attention: softmax(q.K / sqrt(hd)) V over the static cache, split into chunks ----
 // Positions are cut into absolute chunks of CHUNK. A task takes one KV head and one chunk for
@@ -232,6 +264,16 @@ static void swiglu(float* gate, float* up, const bf16* bg, const bf16* bu, int n
 // chunk's maximum score, its sum of exponentials and its unnormalized output; a second step
 // merges a row's chunks in order. Both steps depend only on the row's position, never on M.
 constexpr int CHUNK = 128;
+
+// The queries of one task: each is one (row, head) over positions [c0, end) of a chunk, and
+// gets {max score, sum of exp, sum of exp * V} in its `partial`.
+struct Queries {
+    static constexpr int MAX = 6;
+    const bf16* q[MAX];
+    int end[MAX];
+    float* partial[MAX];
+    int n = 0;
+};
 
 #if defined(__AVX512BF16__)
 // Sums of 16 vectors, r[j] = sum of a[j]'s lanes, by a butterfly of shuffles (about 3
@@ -280,12 +322,8 @@ static inline __m512 exp16(__m512 x) {
     return _mm512_mul_ps(p, _mm512_castsi512_ps(e));
 }
 
-// One (row, head) over positions [c0, end) of a chunk: writes {max, sum of exp, sum of exp * V}.
-// HV = hd / 16 output vectors; SETS interleaved accumulators (position mod SETS) hide the
-// latency of the adds, in an order fixed by absolute position.
-template <int HV, int SETS>
-static void attend_chunk_t(const bf16* q, const bf16* K, const bf16* V, int c0, int end, float* scores, float* partial) {
-    constexpr int hd = HV * 16;
+// Scores, their maximum and exponentials for one query: scores[0..end-c0) become exp(s - max).
+static inline void softmax_scores(const bf16* q, const bf16* K, int c0, int end, int hd, float* scores, float* partial) {
     const float scale = 1.0f / std::sqrt((float)hd);
     const int n = end - c0;
     __m512 mxv = _mm512_set1_ps(-INFINITY);
@@ -302,32 +340,51 @@ static void attend_chunk_t(const bf16* q, const bf16* K, const bf16* V, int c0, 
         _mm512_mask_storeu_ps(scores + t, mask, e);
         sum = _mm512_mask_add_ps(sum, mask, sum, e);
     }
-    __m512 o[SETS][HV];
-    for (int s = 0; s < SETS; s++)
-        for (int i = 0; i < HV; i++) o[s][i] = _mm512_setzero_ps();
-    int t = 0;
-    for (; t + SETS <= n; t += SETS)
-        for (int s = 0; s < SETS; s++) {
-            const __m512 pv = _mm512_set1_ps(scores[t + s]);
-            const bf16* v = V + (size_t)(c0 + t + s) * hd;
-            for (int i = 0; i < HV; i++)
-                o[s][i] = _mm512_fmadd_ps(pv, _mm512_cvtpbh_ps((__m256bh)_mm256_loadu_si256((const __m256i*)(v + 16 * i))), o[s][i]);
-        }
-    for (int s = 0; t < n; t++, s++) {
-        const __m512 pv = _mm512_set1_ps(scores[t]);
-        const bf16* v = V + (size_t)(c0 + t) * hd;
-        for (int i = 0; i < HV; i++)
-            o[s][i] = _mm512_fmadd_ps(pv, _mm512_cvtpbh_ps((__m256bh)_mm256_loadu_si256((const __m256i*)(v + 16 * i))), o[s][i]);
-    }
-    for (int i = 0; i < HV; i++) {
-        __m512 acc = o[0][i];
-        for (int s = 1; s < SETS; s++) acc = _mm512_add_ps(acc, o[s][i]);
-        _mm512_storeu_ps(partial + 2 + 16 * i, acc);
-    }
     alignas(64) float lanes[16];
     _mm512_store_ps(lanes, sum);
     partial[0] = mx;
     partial[1] = tree16(lanes);
+}
+
+// NQ queries sharing a KV head: each V row is loaded and widened once for all of them. A
+// query's output accumulates in its own registers, position after position, so it is the same
+// whichever queries share the task. HV = hd / 16 output vectors.
+template <int HV, int NQ>
+static void attend_t(const Queries& qs, const bf16* K, const bf16* V, int c0, float* scores) {
+    constexpr int hd = HV * 16;
+    int lo = qs.end[0], hi = qs.end[0];
+    for (int j = 0; j < NQ; j++) {
+        softmax_scores(qs.q[j], K, c0, qs.end[j], hd, scores + (size_t)j * CHUNK, qs.partial[j]);
+        lo = qs.end[j] < lo ? qs.end[j] : lo;
+        hi = qs.end[j] > hi ? qs.end[j] : hi;
+    }
+    __m512 o[NQ][HV];
+    for (int j = 0; j < NQ; j++)
+        for (int i = 0; i < HV; i++) o[j][i] = _mm512_setzero_ps();
+    for (int t = c0; t < hi; t++) {
+        __m512 v[HV];
+        for (int i = 0; i < HV; i++)
+            v[i] = _mm512_cvtpbh_ps((__m256bh)_mm256_loadu_si256((const __m256i*)(V + (size_t)t * hd + 16 * i)));
+        for (int j = 0; j < NQ; j++) {
+            if (t >= lo && t >= qs.end[j]) continue;  // past this query's last position
+            const __m512 p = _mm512_set1_ps(scores[(size_t)j * CHUNK + t - c0]);
+            for (int i = 0; i < HV; i++) o[j][i] = _mm512_fmadd_ps(p, v[i], o[j][i]);
+        }
+    }
+    for (int j = 0; j < NQ; j++)
+        for (int i = 0; i < HV; i++) _mm512_storeu_ps(qs.partial[j] + 2 + 16 * i, o[j][i]);
+}
+
+template <int HV>
+static void attend_hv(const Queries& qs, const bf16* K, const bf16* V, int c0, float* scores) {
+    switch (qs.n) {
+        case 1: return attend_t<HV, 1>(qs, K, V, c0, scores);
+        case 2: return attend_t<HV, 2>(qs, K, V, c0, scores);
+        case 3: return attend_t<HV, 3>(qs, K, V, c0, scores);
+        case 4: return attend_t<HV, 4>(qs, K, V, c0, scores);
+        case 5: return attend_t<HV, 5>(qs, K, V, c0, scores);
+        default: return attend_t<HV, 6>(qs, K, V, c0, scores);
+    }
 }
 
 #else
@@ -341,10 +398,10 @@ static inline void block_scores(const bf16* q, const bf16* K, int n, int hd, flo
 
 #endif
 
-// The generic form of a chunk: {max, sum of exp, sum of exp * V} for one (row, head) over
-// positions [c0, end).
-static void attend_chunk_generic(const bf16* q, const bf16* K, const bf16* V, int c0, int end, int hd, float* scores,
-                         float* partial) {
+// The generic form, one query at a time: {max, sum of exp, sum of exp * V} for one (row, head)
+// over positions [c0, end).
+static void attend_one(const bf16* q, const bf16* K, const bf16* V, int c0, int end, int hd, float* scores,
+                       float* partial) {
     const float scale = 1.0f / std::sqrt((float)hd);
     const int n = end - c0;
     for (int t = 0; t < n; t += 16)
@@ -366,24 +423,17 @@ static void attend_chunk_generic(const bf16* q, const bf16* K, const bf16* V, in
     partial[1] = tree16(part);
 }
 
+// Up to Queries::MAX queries sharing a KV head over one chunk; scores: Queries::MAX * CHUNK floats.
+static void attend(const Queries& qs, const bf16* K, const bf16* V, int c0, int hd, float* scores) {
 #if defined(__AVX512BF16__)
-static void attend_chunk(const bf16* q, const bf16* K, const bf16* V, int c0, int end, int hd, float* scores,
-                         float* partial) {
-    switch (hd) {  // the head sizes of common models; others take the generic form
-        case 64: return attend_chunk_t<4, 4>(q, K, V, c0, end, scores, partial);
-        case 128: return attend_chunk_t<8, 2>(q, K, V, c0, end, scores, partial);
-        case 96: return attend_chunk_t<6, 2>(q, K, V, c0, end, scores, partial);
-        case 32: return attend_chunk_t<2, 4>(q, K, V, c0, end, scores, partial);
-        case 256: return attend_chunk_t<16, 1>(q, K, V, c0, end, scores, partial);
-        default: return attend_chunk_generic(q, K, V, c0, end, hd, scores, partial);
+    switch (hd) {  // the head sizes of common models (registers for 6 queries up to 64); others one by one
+        case 32: return attend_hv<2>(qs, K, V, c0, scores);
+        case 64: return attend_hv<4>(qs, K, V, c0, scores);
+        default: break;
     }
-}
-#else
-static void attend_chunk(const bf16* q, const bf16* K, const bf16* V, int c0, int end, int hd, float* scores,
-                         float* partial) {
-    attend_chunk_generic(q, K, V, c0, end, hd, scores, partial);
-}
 #endif
+    for (int j = 0; j < qs.n; j++) attend_one(qs.q[j], K, V, c0, qs.end[j], hd, scores, qs.partial[j]);
+}
 
 // A row's chunks merged in order: softmax-weighted output, rounded to bf16.
 static void merge_chunks(const float* partial, int chunks, int hd, bf16* out) {
@@ -422,7 +472,7 @@ extern "C" int specdec_pass(const int64_t* cfg, float eps, const float* inv_freq
     std::vector<float> rope_cos((size_t)M * half), rope_sin((size_t)M * half);
     std::vector<bf16> xn((size_t)M * D), qb((size_t)M * Q), att((size_t)M * Q), h((size_t)M * I);
     const int chunks = (start + M + CHUNK - 1) / CHUNK;
-    std::vector<float> scores((size_t)nthreads * CHUNK), partial((size_t)H * M * chunks * (hd + 2));
+    std::vector<float> scores((size_t)nthreads * Queries::MAX * CHUNK), partial((size_t)H * M * chunks * (hd + 2));
     for (int m = 0; m < M; m++) {
         for (int d = 0; d < D; d++) x[(size_t)m * D + d] = f32(embed[(size_t)tokens[m] * D + d]);
         for (int j = 0; j < half; j++) {  // positions are absolute token indices, as in the reference
@@ -499,15 +549,19 @@ extern "C" int specdec_pass(const int64_t* cfg, float eps, const float* inv_freq
 #pragma omp for schedule(dynamic, 1)
             for (int task = 0; task < Hkv * chunks; task++) {
                 const int g = task / chunks, c = task % chunks, c0 = c * CHUNK;
+                const bf16 *kg = kc + (size_t)g * C * hd, *vg = vc + (size_t)g * C * hd;
+                Queries qs;
                 for (int m = 0; m < M; m++) {
                     const int n = start + m + 1;  // row m sees positions 0..start+m
                     if (n <= c0) continue;
-                    const int end = n < c0 + CHUNK ? n : c0 + CHUNK;
-                    for (int hh = g * group; hh < (g + 1) * group; hh++)
-                        attend_chunk(&qb[(size_t)m * Q + hh * hd], kc + (size_t)g * C * hd, vc + (size_t)g * C * hd,
-                                     c0, end, hd, &scores[(size_t)tid * CHUNK],
-                                     &partial[(((size_t)hh * M + m) * chunks + c) * (hd + 2)]);
+                    for (int hh = g * group; hh < (g + 1) * group; hh++) {
+                        qs.q[qs.n] = &qb[(size_t)m * Q + hh * hd];
+                        qs.end[qs.n] = n < c0 + CHUNK ? n : c0 + CHUNK;
+                        qs.partial[qs.n] = &partial[(((size_t)hh * M + m) * chunks + c) * (hd + 2)];
+                        if (++qs.n == Queries::MAX) attend(qs, kg, vg, c0, hd, &scores[(size_t)tid * Queries::MAX * CHUNK]), qs.n = 0;
+                    }
                 }
+                if (qs.n) attend(qs, kg, vg, c0, hd, &scores[(size_t)tid * Queries::MAX * CHUNK]);
             }
 #pragma omp for schedule(static)
             for (int task = 0; task < M * H; task++) {
