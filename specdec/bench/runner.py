@@ -24,6 +24,7 @@ import torch
 
 from .. import __version__
 from ..drafters import CompositeDrafter, ModelDrafter, NgramDrafter
+from ..models import kernel
 from ..models.loading import DEFAULT_MODEL, hf_checkpoint, load_model, resolve_dtype
 from ..schedule import AdaptiveK
 from . import methods as M
@@ -125,6 +126,7 @@ def environment(cfg: BenchConfig, dtype) -> dict:
         "device": cfg.device, "dtype": str(dtype).replace("torch.", ""),
         "python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
         "engine": cfg.engine, "llama_cpp_python": _version_of("llama-cpp-python"),
+        "native_kernel": kernel.isa() if (cfg.engine, dtype, cfg.device) == ("native", torch.bfloat16, "cpu") else None,
         "specdec": __version__, "git_commit": git_commit(), "platform": platform.platform(),
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
     }

@@ -51,6 +51,17 @@ class LanguageModel:
         twin.reset_state()
         return twin
 
+    # Several sequences at once, each with its own cache rows and length. Engines that batch
+    # implement these; the others refuse.
+    def reset_batch(self, capacity: int, batch: int) -> None:
+        raise NotImplementedError(f"{type(self).__name__} runs one sequence at a time (no batched passes)")
+
+    def forward_batch(self, blocks, last_only: bool = False) -> list[torch.Tensor]:
+        raise NotImplementedError(f"{type(self).__name__} runs one sequence at a time (no batched passes)")
+
+    def rollback_batch(self, lengths) -> None:
+        raise NotImplementedError(f"{type(self).__name__} runs one sequence at a time (no batched passes)")
+
     def as_tensor(self, ids) -> torch.Tensor:
         if isinstance(ids, torch.Tensor):
             return ids.to(self.device)
@@ -89,20 +100,39 @@ class NativeLM(LanguageModel):
 
     @property
     def cache_len(self) -> int:
-        return self.cache.length
+        return self.cache.lengths[0]
 
     def reset(self, capacity: int) -> None:
-        if self.cache.capacity < capacity:
-            self.cache = self.module.new_cache(capacity)
-        self.cache.length = 0
+        self.reset_batch(capacity, 1)
 
     def forward(self, ids, last_only: bool = False) -> torch.Tensor:
         return self.module(self.as_tensor(ids), self.cache, last_only=last_only, head=self.head)
 
     def rollback(self, length: int) -> None:
-        if not 0 <= length <= self.cache.length:
-            raise ValueError(f"cannot roll back to {length}: cache holds {self.cache.length}")
-        self.cache.length = length
+        self.rollback_batch([length])
+
+    @property
+    def cache_lens(self) -> list[int]:
+        return list(self.cache.lengths)
+
+    def reset_batch(self, capacity: int, batch: int) -> None:
+        if batch < 1:
+            raise ValueError(f"batch must be >= 1, got {batch}")
+        if self.cache.capacity < capacity or self.cache.batch != batch:
+            self.cache = self.module.new_cache(capacity, batch)
+        self.cache.lengths = [0] * batch
+
+    def forward_batch(self, blocks, last_only: bool = False) -> list[torch.Tensor]:
+        return self.module.forward_batch([self.as_tensor(b) for b in blocks], self.cache, last_only=last_only,
+                                         head=self.head)
+
+    def rollback_batch(self, lengths) -> None:
+        if len(lengths) != self.cache.batch:
+            raise ValueError(f"{len(lengths)} lengths for a cache of {self.cache.batch} sequences")
+        for n, held in zip(lengths, self.cache.lengths):
+            if not 0 <= n <= held:
+                raise ValueError(f"cannot roll back to {n}: cache holds {held}")
+        self.cache.lengths = list(lengths)
 
 
 class HFAdapter(LanguageModel):

@@ -264,6 +264,7 @@ static void swiglu(float* gate, float* up, const bf16* bg, const bf16* bu, int n
 // chunk's maximum score, its sum of exponentials and its unnormalized output; a second step
 // merges a row's chunks in order. Both steps depend only on the row's position, never on M.
 constexpr int CHUNK = 128;
+constexpr int MAX_ROWS = 128;  // rows a pass takes (kernel.py decides which passes come here)
 
 // The queries of one task: each is one (row, head) over positions [c0, end) of a chunk, and
 // gets {max score, sum of exp, sum of exp * V} in its `partial`.
@@ -456,27 +457,48 @@ enum { IN_NORM, WQ, WK, WV, WO, POST_NORM, WG, WU, WD, BQ, BK, BV, BO, BG, BU, B
 
 extern "C" const char* specdec_isa() { return SPECDEC_ISA; }
 
-// cfg: D, I, H, Hkv, hd, layers, capacity, vocab rows of `head`.
-// cache_k / cache_v: [layers, Hkv, capacity, hd] bf16. Writes the M new positions' K/V at
-// start.., and logits [out_rows, head rows] for the last out_rows rows (1 or M).
+// A pass over M rows, each a token of one sequence at one position: one sequence's block
+// (plain decoding, verification), or blocks of several sequences at once (a batch). Row m
+// appends token[m] to sequence seq[m] at position pos[m]; it attends to that sequence's
+// positions 0..pos[m], which this pass or an earlier one wrote. Nothing a row computes
+// depends on the other rows, so a row gets the same bits in any batch and any block.
+// cfg: D, I, H, Hkv, hd, layers, capacity, vocab rows of `head`, batch.
+// cache_k / cache_v: [layers, batch, Hkv, capacity, hd] bf16.
+// Logits [n_out, head rows] for the rows listed in out (ascending).
 extern "C" int specdec_pass(const int64_t* cfg, float eps, const float* inv_freq, const uint64_t* layer_ptrs,
                             const bf16* embed, const bf16* final_norm, const bf16* head, bf16* cache_k,
-                            bf16* cache_v, const int64_t* tokens, int M, int start, int out_rows, float* logits,
-                            int nthreads) {
+                            bf16* cache_v, const int64_t* tokens, const int64_t* seq, const int64_t* pos, int M,
+                            const int64_t* out, int n_out, float* logits, int nthreads) {
     const int D = (int)cfg[0], I = (int)cfg[1], H = (int)cfg[2], Hkv = (int)cfg[3], hd = (int)cfg[4];
-    const int layers = (int)cfg[5], C = (int)cfg[6], Vh = (int)cfg[7];
-    if (M < 1 || M > 32 || start + M > C || D % 32 || I % 32 || hd % 32 || hd > 256 || H % Hkv || out_rows < 1 || out_rows > M)
+    const int layers = (int)cfg[5], C = (int)cfg[6], Vh = (int)cfg[7], B = (int)cfg[8];
+    if (M < 1 || M > MAX_ROWS || D % 32 || I % 32 || hd % 32 || hd > 256 || H % Hkv || n_out < 1 || n_out > M)
         return 1;
+    int longest = 0;
+    for (int m = 0; m < M; m++) {
+        if (seq[m] < 0 || seq[m] >= B || pos[m] < 0 || pos[m] >= C) return 1;
+        longest = pos[m] + 1 > longest ? (int)pos[m] + 1 : longest;
+    }
+    for (int i = 0; i < n_out; i++)
+        if (out[i] < 0 || out[i] >= M) return 1;
     const int Q = H * hd, KV = Hkv * hd, group = H / Hkv, half = hd / 2;
+    const size_t seq_stride = (size_t)Hkv * C * hd, layer_stride = (size_t)B * seq_stride;
     std::vector<float> x((size_t)M * D), buf((size_t)M * 2 * (I > Q + 2 * KV ? I : Q + 2 * KV));
     std::vector<float> rope_cos((size_t)M * half), rope_sin((size_t)M * half);
     std::vector<bf16> xn((size_t)M * D), qb((size_t)M * Q), att((size_t)M * Q), h((size_t)M * I);
-    const int chunks = (start + M + CHUNK - 1) / CHUNK;
+    const int chunks = (longest + CHUNK - 1) / CHUNK;  // partial results per (row, head): at most this many
     std::vector<float> scores((size_t)nthreads * Queries::MAX * CHUNK), partial((size_t)H * M * chunks * (hd + 2));
+    // Attention tasks: (sequence, KV head, chunk) for every chunk some row of the sequence reaches.
+    std::vector<int> seq_end(B, 0);
+    for (int m = 0; m < M; m++) seq_end[seq[m]] = pos[m] + 1 > seq_end[seq[m]] ? (int)pos[m] + 1 : seq_end[seq[m]];
+    std::vector<int> tasks;
+    for (int b = 0; b < B; b++)
+        for (int g = 0; g < Hkv; g++)
+            for (int c = 0; c * CHUNK < seq_end[b]; c++) tasks.insert(tasks.end(), {b, g, c});
+    const int n_tasks = (int)tasks.size() / 3;
     for (int m = 0; m < M; m++) {
         for (int d = 0; d < D; d++) x[(size_t)m * D + d] = f32(embed[(size_t)tokens[m] * D + d]);
         for (int j = 0; j < half; j++) {  // positions are absolute token indices, as in the reference
-            float a = (float)(start + m) * inv_freq[j];
+            float a = (float)pos[m] * inv_freq[j];
             rope_cos[(size_t)m * half + j] = std::cos(a);
             rope_sin[(size_t)m * half + j] = std::sin(a);
         }
@@ -507,8 +529,8 @@ extern "C" int specdec_pass(const int64_t* cfg, float eps, const float* inv_freq
         stream.advance(PREFETCH_AHEAD);
         for (int layer = 0; layer < layers; layer++) {
             const bf16* const* p = (const bf16* const*)(layer_ptrs + (size_t)layer * PER_LAYER);
-            bf16* kc = cache_k + (size_t)layer * Hkv * C * hd;
-            bf16* vc = cache_v + (size_t)layer * Hkv * C * hd;
+            bf16* kc = cache_k + layer * layer_stride;
+            bf16* vc = cache_v + layer * layer_stride;
 #pragma omp for schedule(static)
             for (int m = 0; m < M; m++) rms_norm(&x[(size_t)m * D], p[IN_NORM], D, eps, &xn[(size_t)m * D]);
             // q, k, v heads, whole heads per thread so RoPE stays local.
@@ -540,20 +562,20 @@ extern "C" int specdec_pass(const int64_t* cfg, float eps, const float* inv_freq
                         for (int d = 0; d < hd; d++) qb[(size_t)m * Q + u * hd + d] = to_bf16(y[d]);
                     } else {
                         bf16* dst = (u < H + Hkv ? kc + (size_t)(u - H) * C * hd : vc + (size_t)(u - H - Hkv) * C * hd)
-                                    + (size_t)(start + m) * hd;
+                                    + seq[m] * seq_stride + (size_t)pos[m] * hd;
                         for (int d = 0; d < hd; d++) dst[d] = to_bf16(y[d]);
                     }
                 }
             }
 #pragma omp barrier
 #pragma omp for schedule(dynamic, 1)
-            for (int task = 0; task < Hkv * chunks; task++) {
-                const int g = task / chunks, c = task % chunks, c0 = c * CHUNK;
-                const bf16 *kg = kc + (size_t)g * C * hd, *vg = vc + (size_t)g * C * hd;
+            for (int task = 0; task < n_tasks; task++) {
+                const int b = tasks[3 * task], g = tasks[3 * task + 1], c = tasks[3 * task + 2], c0 = c * CHUNK;
+                const bf16 *kg = kc + b * seq_stride + (size_t)g * C * hd, *vg = vc + b * seq_stride + (size_t)g * C * hd;
                 Queries qs;
                 for (int m = 0; m < M; m++) {
-                    const int n = start + m + 1;  // row m sees positions 0..start+m
-                    if (n <= c0) continue;
+                    const int n = (int)pos[m] + 1;  // row m sees positions 0..pos[m] of its sequence
+                    if (seq[m] != b || n <= c0) continue;
                     for (int hh = g * group; hh < (g + 1) * group; hh++) {
                         qs.q[qs.n] = &qb[(size_t)m * Q + hh * hd];
                         qs.end[qs.n] = n < c0 + CHUNK ? n : c0 + CHUNK;
@@ -566,7 +588,7 @@ extern "C" int specdec_pass(const int64_t* cfg, float eps, const float* inv_freq
 #pragma omp for schedule(static)
             for (int task = 0; task < M * H; task++) {
                 const int m = task / H, hh = task % H;
-                merge_chunks(&partial[((size_t)hh * M + m) * chunks * (hd + 2)], (start + m + CHUNK) / CHUNK, hd,
+                merge_chunks(&partial[((size_t)hh * M + m) * chunks * (hd + 2)], (int)(pos[m] + CHUNK) / CHUNK, hd,
                              &att[(size_t)m * Q + hh * hd]);
             }
             share(D, 16, tid, nt, &lo, &hi);
@@ -587,11 +609,10 @@ extern "C" int specdec_pass(const int64_t* cfg, float eps, const float* inv_freq
             add_residual(&x[lo], D, &buf[lo], D, p[BD] ? p[BD] + lo : nullptr, M, hi - lo);
 #pragma omp barrier
         }
-        const int first = M - out_rows;
 #pragma omp for schedule(static)
-        for (int m = first; m < M; m++) rms_norm(&x[(size_t)m * D], final_norm, D, eps, &xn[(size_t)m * D]);
+        for (int i = 0; i < n_out; i++) rms_norm(&x[(size_t)out[i] * D], final_norm, D, eps, &xn[(size_t)i * D]);
         share(Vh, 16, tid, nt, &lo, &hi);
-        dots(&xn[(size_t)first * D], out_rows, D, head, lo, hi, logits + lo, Vh, &stream);
+        dots(xn.data(), n_out, D, head, lo, hi, logits + lo, Vh, &stream);
     }
     return 0;
 }

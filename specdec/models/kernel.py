@@ -27,7 +27,8 @@ from pathlib import Path
 import torch
 
 SOURCE = Path(__file__).with_name("kernel.cpp")
-MAX_ROWS = 32  # the kernel's block limit; speculation verifies at most k_max + 1 = 17 tokens
+BLOCK = 32  # a sequence's block runs here up to this many tokens (speculation verifies at most 17)
+MAX_ROWS = 128  # rows of one pass over several sequences (kernel.cpp's limit)
 PER_LAYER = 16  # pointers per layer, in kernel.cpp's order
 _FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC", "-std=c++17"]
 _library: ctypes.CDLL | None | bool = False  # False: not tried yet
@@ -80,7 +81,7 @@ def load(path: Path) -> ctypes.CDLL:
     lib.specdec_isa.restype = ctypes.c_char_p
     lib.specdec_pass.restype = ctypes.c_int
     p, i = ctypes.c_void_p, ctypes.c_int
-    lib.specdec_pass.argtypes = [p, ctypes.c_float, p, p, p, p, p, p, p, p, i, i, i, p, i]
+    lib.specdec_pass.argtypes = [p, ctypes.c_float, p, p, p, p, p, p, p, p, p, p, i, p, i, p, i]
     lib.specdec_linear.restype = None
     lib.specdec_linear.argtypes = [p, i, i, p, i, p, i]
     return lib
@@ -170,19 +171,38 @@ def plan_for(module) -> Plan:
     return plan
 
 
-def run(lib, module, tokens: torch.Tensor, cache, out_rows: int, head_rows: torch.Tensor | None) -> torch.Tensor:
-    """Logits [out_rows, head rows] for the last out_rows of `tokens`; appends their K/V to `cache`."""
+def passes(seqs: list[int], sizes: list[int]) -> list[list[int]]:
+    """Sequences grouped into passes of at most MAX_ROWS rows, in order."""
+    groups, rows = [], MAX_ROWS + 1
+    for b, n in zip(seqs, sizes):
+        if rows + n > MAX_ROWS:
+            groups.append([])
+            rows = 0
+        groups[-1].append(b)
+        rows += n
+    return groups
+
+
+def run(lib, module, blocks: list[torch.Tensor], seqs: list[int], cache, last_only: bool,
+        head_rows: torch.Tensor | None) -> list[torch.Tensor]:
+    """One kernel pass appending blocks[i] to sequence seqs[i] of `cache`; logits per block
+    ([T_i, head rows], or its last row with last_only). Does not move the cache's lengths."""
     plan = plan_for(module)
     head = plan.head if head_rows is None else head_rows
     if head.dtype != torch.bfloat16 or not head.is_contiguous():
         raise ValueError("kernel head rows must be contiguous bf16")
-    tokens = tokens.contiguous()
-    M, start = tokens.shape[0], cache.length
-    cfg = torch.tensor(plan.dims + [cache.capacity, head.shape[0]], dtype=torch.int64)
-    logits = torch.empty((out_rows, head.shape[0]), dtype=torch.float32)
+    sizes = [t.shape[0] for t in blocks]
+    tokens = torch.cat(blocks).contiguous()
+    seq = torch.tensor([b for b, n in zip(seqs, sizes) for _ in range(n)], dtype=torch.int64)
+    pos = torch.tensor([cache.lengths[b] + i for b, n in zip(seqs, sizes) for i in range(n)], dtype=torch.int64)
+    ends = torch.tensor(sizes).cumsum(0)
+    out = (ends - 1) if last_only else torch.arange(int(ends[-1]))
+    cfg = torch.tensor(plan.dims + [cache.capacity, head.shape[0], cache.batch], dtype=torch.int64)
+    logits = torch.empty((out.shape[0], head.shape[0]), dtype=torch.float32)
     rc = lib.specdec_pass(cfg.data_ptr(), plan.eps, plan.inv_freq.data_ptr(), plan.layer_ptrs.data_ptr(),
                           plan.embed, plan.final_norm, head.data_ptr(), cache.k.data_ptr(), cache.v.data_ptr(),
-                          tokens.data_ptr(), M, start, out_rows, logits.data_ptr(), torch.get_num_threads())
+                          tokens.data_ptr(), seq.data_ptr(), pos.data_ptr(), tokens.shape[0], out.data_ptr(),
+                          out.shape[0], logits.data_ptr(), torch.get_num_threads())
     if rc != 0:
-        raise RuntimeError(f"kernel refused a pass of {M} tokens at position {start}")
-    return logits
+        raise RuntimeError(f"kernel refused a pass of {tokens.shape[0]} rows")
+    return list(logits.split([1] * len(sizes) if last_only else sizes))

@@ -5,7 +5,7 @@ position embeddings (default, linear and llama3 scaling), grouped-query attentio
 SwiGLU MLP, tied or untied output head, optional q/k/v(/o) biases.
 
 The KV cache is preallocated and written by position, so the cache *is* a tensor plus
-a length: rolling back a rejected speculation is `cache.length = n`, nothing else.
+a length per sequence: rolling back a rejected speculation lowers it, nothing else.
 Parameter names mirror transformers' so a checkpoint's state dict loads as is.
 """
 from __future__ import annotations
@@ -120,21 +120,32 @@ class RMSNorm(nn.Module):
 
 
 class KVCache:
-    """Preallocated keys/values for every layer, valid up to `length`.
+    """Preallocated keys/values for every layer and each of `batch` sequences, each valid up
+    to its own length.
 
-    Position p's key and value live at index p, so the cache never moves data:
-    appending writes a slice, rolling back lowers `length`.
+    Position p of sequence b lives at index [:, b, :, p], so the cache never moves data:
+    appending writes a slice, rolling back lowers a length.
     """
 
-    def __init__(self, cfg: LlamaConfig, capacity: int, dtype: torch.dtype, device):
-        shape = (cfg.num_layers, 1, cfg.num_kv_heads, capacity, cfg.head_dim)
+    def __init__(self, cfg: LlamaConfig, capacity: int, dtype: torch.dtype, device, batch: int = 1):
+        shape = (cfg.num_layers, batch, cfg.num_kv_heads, capacity, cfg.head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
-        self.length = 0
+        self.lengths = [0] * batch
 
     @property
     def capacity(self) -> int:
         return self.k.shape[3]
+
+    @property
+    def batch(self) -> int:
+        return self.k.shape[1]
+
+    def row(self, b: int) -> "KVCache":
+        """Sequence b as a cache of batch 1: views of the same tensors."""
+        view = KVCache.__new__(KVCache)
+        view.k, view.v, view.lengths = self.k[:, b:b + 1], self.v[:, b:b + 1], [self.lengths[b]]
+        return view
 
 
 class Attention(nn.Module):
@@ -146,14 +157,13 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(cfg.hidden_size, self.kvh * self.hd, bias=cfg.qkv_bias)
         self.o_proj = nn.Linear(self.h * self.hd, cfg.hidden_size, bias=cfg.o_bias)
 
-    def forward(self, x, cos, sin, cache: KVCache, layer: int, mask):
+    def forward(self, x, cos, sin, cache: KVCache, layer: int, mask, start: int):
         T = x.shape[1]
         q = self.q_proj(x).view(1, T, self.h, self.hd).transpose(1, 2)
         k = self.k_proj(x).view(1, T, self.kvh, self.hd).transpose(1, 2)
         v = self.v_proj(x).view(1, T, self.kvh, self.hd).transpose(1, 2)
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
-        start = cache.length
         end = start + T
         cache.k[layer, :, :, start:end] = k
         cache.v[layer, :, :, start:end] = v
@@ -189,8 +199,8 @@ class Block(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg)
 
-    def forward(self, x, cos, sin, cache, layer, mask):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, cache, layer, mask)
+    def forward(self, x, cos, sin, cache, layer, mask, start):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, cache, layer, mask, start)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -212,34 +222,61 @@ class Llama(nn.Module):
             self.lm_head.weight = self.model.embed_tokens.weight
         self.register_buffer("inv_freq", rope_inv_freq(cfg), persistent=False)
 
-    def new_cache(self, capacity: int) -> KVCache:
-        return KVCache(self.cfg, capacity, self.lm_head.weight.dtype, self.lm_head.weight.device)
+    def new_cache(self, capacity: int, batch: int = 1) -> KVCache:
+        return KVCache(self.cfg, capacity, self.lm_head.weight.dtype, self.lm_head.weight.device, batch)
 
     @torch.inference_mode()
     def forward(self, tokens: torch.Tensor, cache: KVCache, last_only: bool = False,
                 head: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
-        """Run `tokens` (shape [T]) at positions cache.length .. cache.length+T-1.
+        """Run `tokens` (shape [T]) of the cache's one sequence, at positions n .. n+T-1 after its n cached.
 
         Appends their keys/values to the cache and returns float32 logits, shape [T, V]
         (or [1, V] with last_only, which skips the output head for a long prefill).
-        head: (token ids, their rows of lm_head) to score only those tokens; the others
-        get -inf. A draft's output head is most of its cost, and most of it is spent on
-        tokens the target hardly ever writes.
+        head: (token ids, their rows of lm_head) to score only those (the rest get -inf): a
+        draft's output head is most of its cost, mostly on tokens the target hardly writes.
         """
-        T, start = tokens.shape[0], cache.length
-        if start + T > cache.capacity:
-            raise ValueError(f"KV cache overflow: {start + T} positions > capacity {cache.capacity}")
-        if T <= kernel.MAX_ROWS and kernel.supports(self) and (lib := kernel.library()) is not None:
-            # Decoding and verification passes: one C++ call, each row computed as in a one-token pass.
-            if int(tokens.min()) < 0 or int(tokens.max()) >= self.cfg.vocab_size:
+        if cache.batch != 1:
+            raise ValueError(f"forward runs one sequence; this cache holds {cache.batch}: use forward_batch")
+        return self.forward_batch([tokens], cache, last_only, head)[0]
+
+    @torch.inference_mode()
+    def forward_batch(self, blocks: list[torch.Tensor], cache: KVCache, last_only: bool = False,
+                      head: tuple[torch.Tensor, torch.Tensor] | None = None) -> list[torch.Tensor]:
+        """Append blocks[b] (shape [T_b], possibly empty) to sequence b of the cache; logits per block.
+        Blocks of up to kernel.BLOCK tokens share kernel passes, each row exactly as it would be
+        alone (kernel.cpp); longer ones (prefills), or all where the kernel is off, go through
+        torch one sequence at a time."""
+        if len(blocks) != cache.batch:
+            raise ValueError(f"{len(blocks)} blocks for a cache of {cache.batch} sequences")
+        for b, tokens in enumerate(blocks):
+            if (n := cache.lengths[b] + tokens.shape[0]) > cache.capacity:
+                raise ValueError(f"KV cache overflow: {n} positions > capacity {cache.capacity}")
+            if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= self.cfg.vocab_size):
                 raise IndexError(f"token ids must be in [0, {self.cfg.vocab_size})")
-            logits = kernel.run(lib, self, tokens, cache, 1 if last_only else T, None if head is None else head[1])
-            cache.length = start + T
-            if head is None:
-                return logits
-            full = torch.full((logits.shape[0], self.cfg.vocab_size), -math.inf)
-            full[:, head[0]] = logits
-            return full
+        out: list[torch.Tensor | None] = [None] * len(blocks)
+        lib = kernel.library() if kernel.supports(self) else None
+        small = [b for b, t in enumerate(blocks) if 0 < t.shape[0] <= kernel.BLOCK] if lib is not None else []
+        for group in kernel.passes(small, [blocks[b].shape[0] for b in small]):
+            logits = kernel.run(lib, self, [blocks[b] for b in group], group, cache, last_only,
+                                None if head is None else head[1])
+            for b, x in zip(group, logits):
+                out[b] = x if head is None else self._scatter_head(x, head[0])
+                cache.lengths[b] += blocks[b].shape[0]
+        for b, tokens in enumerate(blocks):
+            if out[b] is None:
+                out[b] = self._forward_torch(tokens, cache.row(b), cache.lengths[b], last_only, head)
+                cache.lengths[b] += tokens.shape[0]
+        return out
+
+    def _scatter_head(self, logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        full = torch.full((logits.shape[0], self.cfg.vocab_size), -math.inf, device=logits.device)
+        full[:, ids] = logits
+        return full
+
+    def _forward_torch(self, tokens, cache: KVCache, start: int, last_only, head) -> torch.Tensor:
+        T = tokens.shape[0]
+        if T == 0:
+            return torch.empty((0, self.cfg.vocab_size), device=tokens.device)
         x = self.model.embed_tokens(tokens)[None]
         # Positions are absolute token indices: the cache length is the next position.
         pos = torch.arange(start, start + T, device=tokens.device, dtype=torch.float32)
@@ -252,14 +289,11 @@ class Llama(nn.Module):
             q_pos = torch.arange(start, start + T, device=tokens.device)[:, None]
             mask = torch.arange(start + T, device=tokens.device)[None, :] <= q_pos
         for i, layer in enumerate(self.model.layers):
-            x = layer(x, cos, sin, cache, i, mask)
-        cache.length = start + T
+            x = layer(x, cos, sin, cache, i, mask, start)
         if last_only:
             x = x[:, -1:]
         x = self.model.norm(x)[0]
         if head is None:
             return self.lm_head(x).float()
         ids, rows = head
-        logits = torch.full((x.shape[0], self.cfg.vocab_size), -math.inf, device=x.device)
-        logits[:, ids] = F.linear(x, rows).float()
-        return logits
+        return self._scatter_head(F.linear(x, rows).float(), ids)
