@@ -14,7 +14,7 @@ from specdec import generate, load_model, speculative_generate
 from specdec.cli import main
 from specdec.distill_prompts import passage_requests, training_conversations
 from specdec.models.loading import materialize_draft
-from tiny import save_tiny, tiny_hf_model
+from tiny import save_tiny
 
 V = 64
 

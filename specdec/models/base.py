@@ -5,6 +5,12 @@
     model.rollback(length)       forget every position >= length
     model.cache_len              how many positions the cache holds
 
+and, on engines that batch (the native one; the others raise NotImplementedError), the same
+for several sequences at once, each with its own cache rows and length:
+
+    model.reset_batch(capacity, batch)   model.forward_batch(blocks)   model.rollback_batch(lengths)
+    model.cache_lens
+
 Two implementations: `NativeLM` (our Llama-family model with a static cache, where
 rollback just moves a length) and `HFAdapter` (any transformers causal LM; we keep its
 cache object but trim it ourselves, by position, instead of trusting its `crop`, whose

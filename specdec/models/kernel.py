@@ -189,8 +189,8 @@ def run(lib, module, blocks: list[torch.Tensor], seqs: list[int], cache, last_on
     ([T_i, head rows], or its last row with last_only). Does not move the cache's lengths."""
     plan = plan_for(module)
     head = plan.head if head_rows is None else head_rows
-    if head.dtype != torch.bfloat16 or not head.is_contiguous():
-        raise ValueError("kernel head rows must be contiguous bf16")
+    if head.dtype != torch.bfloat16 or not head.is_contiguous() or cache.k.dtype != torch.bfloat16:
+        raise ValueError("the kernel runs on contiguous bf16 head rows and a bf16 cache")
     sizes = [t.shape[0] for t in blocks]
     tokens = torch.cat(blocks).contiguous()
     seq = torch.tensor([b for b, n in zip(seqs, sizes) for _ in range(n)], dtype=torch.int64)
