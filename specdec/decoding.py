@@ -95,8 +95,9 @@ class Generation:
 class _Timer:
     """Adds wall time to stats.timings[key]; synchronizes CUDA so async kernels are counted."""
 
-    def __init__(self, stats: Stats, device: torch.device):
-        self.stats, self.cuda = stats, device.type == "cuda"
+    def __init__(self, stats: "Stats | list[Stats]", device: torch.device):
+        self.stats = stats if isinstance(stats, list) else [stats]  # a batch's pass counts for each row
+        self.cuda = device.type == "cuda"
 
     def __call__(self, key: str):
         self.key = key
@@ -110,7 +111,9 @@ class _Timer:
     def __exit__(self, *exc):
         if self.cuda:
             torch.cuda.synchronize()
-        self.stats.timings[self.key] += time.perf_counter() - self.t0
+        elapsed = time.perf_counter() - self.t0
+        for stats in self.stats:
+            stats.timings[self.key] += elapsed
 
 
 # ----------------------------------------------------------------------------- input checks
@@ -238,38 +241,103 @@ def _check_request(model, tokenizer, prompt, max_tokens, temperature, top_k, top
     return params, prompt_ids
 
 
+def as_batch(prompt) -> tuple[list, bool]:
+    """(prompts, is_batch): a list of strings or of token-id lists is a batch; one string or one
+    flat id list (or a 1-D tensor) is a single prompt."""
+    if isinstance(prompt, (list, tuple)) and prompt and all(
+            isinstance(p, str) or (isinstance(p, (Sequence, torch.Tensor)) and not isinstance(p, (int, bool)))
+            for p in prompt):
+        return list(prompt), True
+    if isinstance(prompt, (list, tuple)) and not prompt:
+        raise ValueError("prompt is empty")
+    return [prompt], False
+
+
+def row_seeds(seed, batch: int) -> list:
+    """Per-row seeds: a list gives each row its own; an int s gives row i the seed s + i (so a
+    batch's row i samples as a single run with seed s + i would); None leaves each row unseeded."""
+    if isinstance(seed, (list, tuple)):
+        if len(seed) != batch:
+            raise ValueError(f"{len(seed)} seeds for {batch} prompts")
+        for s in seed:
+            check_seed(s)
+        return list(seed)
+    check_seed(seed)
+    if seed is not None and seed + batch - 1 >= 2**63:
+        raise ValueError(f"seed must leave room for {batch} rows below 2**63, got {seed}")
+    return [None if seed is None else seed + i for i in range(batch)]
+
+
+class _Rows:
+    """The target's cache as B sequences: one sequence through the single-sequence interface
+    (every engine), several through the batched one (engines that batch)."""
+
+    def __init__(self, model: LanguageModel, batch: int):
+        if batch > 1 and not model.batches:
+            raise ValueError(f"{model.name} on {type(model).__name__} runs one prompt at a time; batches need an "
+                             "engine that batches (the native engine)")
+        self.model, self.batch = model, batch
+
+    def reset(self, capacity: int) -> None:
+        if self.batch == 1:
+            self.model.reset(capacity)
+        else:
+            self.model.reset_batch(capacity, self.batch)
+
+    def forward(self, blocks: list[list[int]], last_only: bool = False) -> list[torch.Tensor]:
+        if self.batch == 1:
+            return [self.model.forward(blocks[0], last_only=last_only)]
+        return self.model.forward_batch(blocks, last_only=last_only)
+
+
 # ----------------------------------------------------------------------------- the loops
 
 
 def generate(model, tokenizer, prompt, max_tokens: int, *, temperature=0.0, top_k=None, top_p=None,
-             seed=None, chat=False, stream: Callable[[list[int]], None] | None = None) -> Generation:
+             seed=None, chat=False, stream: Callable | None = None) -> Generation | list[Generation]:
     """Plain decoding: one prefill pass picks the first token from the last prompt position;
-    each later token is one pass over only the newest token, reusing the cache."""
-    model = as_language_model(model, tokenizer)
-    params, prompt_ids = _check_request(model, tokenizer, prompt, max_tokens, temperature, top_k, top_p, seed, chat)
-    stats = Stats()
-    out: list[int] = []
-    if max_tokens == 0:
-        return Generation(out, _decode(tokenizer, out), "length", stats, prompt_ids)
-    gen = _generator(seed, model.device)
-    timer = _Timer(stats, model.device)
+    each later token is one pass over only the newest token, reusing the cache.
 
-    model.reset(len(prompt_ids) + max_tokens)
-    with timer("prefill"):
-        logits = model.forward(prompt_ids, last_only=True)[-1]
-        token = select(logits, params, gen)
-    stats.target_calls += 1
-    while True:
-        reason = _finish(out, [token], model.eos_token_ids, max_tokens)
-        if stream:
-            stream([token])
-        if reason:
+    prompt: a string or token ids, or a list of them: a batch, decoded together on engines
+    that batch (one pass a step for all rows; a row that has finished costs nothing more),
+    returning one Generation per row, each exactly the row's own single run. seed: an int
+    (row i uses seed + i) or one seed per row. stream gets the new ids, or (row, new ids)."""
+    model = as_language_model(model, tokenizer)
+    prompts, batched = as_batch(prompt)
+    seeds = row_seeds(seed, len(prompts))
+    rows = _Rows(model, len(prompts))
+    requests = [_check_request(model, tokenizer, p, max_tokens, temperature, top_k, top_p, s, chat)
+                for p, s in zip(prompts, seeds)]
+    params = requests[0][0]
+    prompt_ids = [ids for _, ids in requests]
+    stats = [Stats() for _ in prompts]
+    outs: list[list[int]] = [[] for _ in prompts]
+    reasons: list[str | None] = [None if max_tokens else "length" for _ in prompts]
+    gens = [_generator(s, model.device) for s in seeds]
+    live = [b for b, r in enumerate(reasons) if r is None]
+    if live:
+        rows.reset(max(len(ids) for ids in prompt_ids) + max_tokens)
+        with _Timer(stats, model.device)("prefill"):
+            logits = rows.forward(prompt_ids, last_only=True)
+            tokens = [select(x[-1], params, g) for x, g in zip(logits, gens)]
+    while live:
+        for b in live:
+            stats[b].target_calls += 1
+            reasons[b] = _finish(outs[b], [tokens[b]], model.eos_token_ids, max_tokens)
+            if stream:
+                stream(*((b, [tokens[b]]) if batched else ([tokens[b]],)))
+        live = [b for b in live if reasons[b] is None]
+        if not live:
             break
-        with timer("verify"):
-            token = select(model.forward([token])[-1], params, gen)
-        stats.target_calls += 1
-    stats.generated = len(out)
-    return Generation(out, _decode(tokenizer, out), reason, stats, prompt_ids)
+        with _Timer([stats[b] for b in live], model.device)("verify"):
+            logits = rows.forward([[tokens[b]] if b in live else [] for b in range(len(prompts))])
+            for b in live:
+                tokens[b] = select(logits[b][-1], params, gens[b])
+    results = []
+    for b in range(len(prompts)):
+        stats[b].generated = len(outs[b])
+        results.append(Generation(outs[b], _decode(tokenizer, outs[b]), reasons[b], stats[b], prompt_ids[b]))
+    return results if batched else results[0]
 
 
 def speculative_generate(model, draft, tokenizer, prompt, max_tokens: int, *, num_draft_tokens="auto",
@@ -286,6 +354,9 @@ def speculative_generate(model, draft, tokenizer, prompt, max_tokens: int, *, nu
 
     A draft model's own context limits only the draft: past it, a step drafts nothing (a
     plain decoding step, counted in `stats.plain_steps`) and the output is unchanged."""
+    if as_batch(prompt)[1]:
+        raise ValueError("speculative_generate takes one prompt: batched speculative decoding is not "
+                         "implemented yet (generate batches)")
     model = as_language_model(model, tokenizer)
     drafter = as_drafter(draft, tokenizer)
     k = num_draft_tokens

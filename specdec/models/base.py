@@ -41,6 +41,7 @@ class LanguageModel:
 
     tokenizer = None
     name: str = "model"
+    batches = False  # implements reset_batch / forward_batch / rollback_batch
 
     def __init__(self, *, vocab_size: int, max_context: int, eos_token_ids, dtype, device, tokenizer, name):
         self.vocab_size = vocab_size
@@ -78,6 +79,7 @@ class LanguageModel:
 
 
 class NativeLM(LanguageModel):
+    batches = True
     head = None  # (token ids, their lm_head rows) after restrict_head
     head_tokens = None  # the checkpoint's suggested draft head (head_tokens.json); used by ModelDrafter
 
