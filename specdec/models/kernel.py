@@ -10,7 +10,8 @@ the block size, so a verification pass scores exactly as the one-token passes wo
 It is compiled on first use with the system's C++ compiler (`$CXX`, else g++) into the user
 cache, for this CPU (AVX512-BF16 dot products where the CPU has them, a portable vectorized
 form otherwise). Without a compiler the engine says so once and uses its pure-torch path.
-SPECDEC_KERNEL=off turns the kernel off; SPECDEC_KERNEL=portable builds the portable form.
+SPECDEC_KERNEL=off turns the kernel off; SPECDEC_KERNEL=portable builds the portable form
+(on x86 for AVX2 + FMA, as a CPU without AVX-512 would).
 """
 from __future__ import annotations
 
@@ -59,7 +60,9 @@ def build(mode: str | None = None) -> Path:
     cxx = shutil.which(os.environ.get("CXX", "g++"))
     if cxx is None:
         raise FileNotFoundError(f"no C++ compiler: {os.environ.get('CXX', 'g++')!r} is not on PATH")
-    flags = _FLAGS + (["-mno-avx512bf16"] if mode == "portable" else [])
+    flags = list(_FLAGS)
+    if mode == "portable":  # the form a CPU without AVX512-BF16 builds: on x86, AVX2 + FMA exactly
+        flags[1] = "-march=x86-64-v3" if platform.machine() in ("x86_64", "AMD64") else "-march=native"
     version = subprocess.run([cxx, "--version"], capture_output=True, text=True).stdout
     key = hashlib.sha256("\0".join([SOURCE.read_text(), " ".join(flags), version, platform.machine(),
                                     _cpu_flags()]).encode()).hexdigest()[:16]
