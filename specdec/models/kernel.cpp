@@ -1,5 +1,6 @@
-// One decoding pass of a Llama-family model in bf16, for blocks of M <= 32 tokens: the
-// one-token steps of plain decoding and the (k+1)-token verification passes of speculation.
+// One decoding pass of a Llama-family model in bf16 over M rows (up to 128): the one-token
+// steps of plain decoding and the (k+1)-token verification passes of speculation, for one
+// sequence or for blocks of several sequences at once (a batch; see specdec_pass).
 //
 // Two goals, both from where speculative decoding runs on a CPU (docs/kernels.md):
 //   * Speed. Such a pass is memory-bound: every weight is read once per pass. Each weight row
