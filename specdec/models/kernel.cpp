@@ -11,7 +11,8 @@
 //     whatever M is, whichever thread computes it, and whatever rows sit beside it:
 //       - each dot product has its own accumulator, filled in order of k, reduced by one fixed tree;
 //       - RMSNorm, RoPE, SiLU and the residual adds are per row;
-//       - attention for (query row, head) runs start to end in one thread, over positions in order;
+//       - attention for a (row, head) goes over absolute 128-position chunks, positions in order
+//         within each, and merges the chunks in order;
 //       - there is no fast-math (-ffp-contract=off), so the compiler cannot reorder or fuse.
 //     Then greedy speculative output equals plain greedy output in bf16 by construction.
 //
