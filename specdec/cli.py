@@ -239,6 +239,13 @@ def _explain_divergence(normal, spec, target, args) -> str:
     return f"  they part at new token {j}: {why}, so {verdict}"
 
 
+def _batch_sizes(text: str) -> list[int]:
+    values = [_positive_int(v.strip()) for v in text.split(",") if v.strip()]
+    if not values:
+        raise argparse.ArgumentTypeError("expected a comma-separated list of batch sizes, e.g. 1,2,4,8,16")
+    return values
+
+
 def _k_list(text: str) -> list:
     values = [_k(v.strip()) for v in text.split(",") if v.strip()]
     if not values:
@@ -258,7 +265,7 @@ def cmd_bench(args) -> int:
                    prompts=args.prompts, categories=args.categories.split(",") if args.categories else None,
                    per_category=args.per_category, max_tokens=args.max_tokens, trials=args.trials, ks=args.ks,
                    peers=not args.no_peers, llama_cpp_peers=not args.no_llama_cpp, temperature=args.temperature,
-                   top_k=args.top_k, top_p=args.top_p)
+                   top_k=args.top_k, top_p=args.top_p, batch_sizes=args.batch_sizes)
     cfg = BenchConfig.quick_config(**options) if args.quick else BenchConfig(
         **{k: v for k, v in options.items() if v is not None})
     cfg.validate()
@@ -343,6 +350,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--no-peers", action="store_true", help="skip transformers' generate / assisted / prompt lookup")
     b.add_argument("--no-llama-cpp", action="store_true", help="skip llama.cpp's own generation (run by default, "
                    "greedy on a CPU, where llama-cpp-python is installed)")
+    b.add_argument("--batch-sizes", type=_batch_sizes, default=None, help="run the batched study instead: "
+                   "plain and speculative decoding of the prompts in batches of each size, e.g. 1,2,4,8,16 "
+                   "(throughput, per-request latency, verify costs, the crossover)")
     b.add_argument("--quick", action="store_true", help="a smoke run: one prompt per category, short outputs")
     b.add_argument("--out", default="bench-out", help="directory for report.json, report.md and plots")
     b.set_defaults(func=cmd_bench)

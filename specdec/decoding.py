@@ -15,7 +15,7 @@ from typing import Callable, Sequence
 import torch
 
 from .drafters import Drafter, as_drafter
-from .models.base import LanguageModel, as_language_model
+from .models.base import LanguageModel, Rows, as_language_model
 from .schedule import AdaptiveK
 from .sampling import SamplingParams, greedy_accept, logits_to_probs, rejection_sample, select
 
@@ -98,6 +98,7 @@ class _Timer:
     def __init__(self, stats: "Stats | list[Stats]", device: torch.device):
         self.stats = stats if isinstance(stats, list) else [stats]  # a batch's pass counts for each row
         self.cuda = device.type == "cuda"
+        self.elapsed: dict[str, float] = {}  # seconds under each key through this timer
 
     def __call__(self, key: str):
         self.key = key
@@ -112,6 +113,7 @@ class _Timer:
         if self.cuda:
             torch.cuda.synchronize()
         elapsed = time.perf_counter() - self.t0
+        self.elapsed[self.key] = self.elapsed.get(self.key, 0.0) + elapsed
         for stats in self.stats:
             stats.timings[self.key] += elapsed
 
@@ -268,28 +270,6 @@ def row_seeds(seed, batch: int) -> list:
     return [None if seed is None else seed + i for i in range(batch)]
 
 
-class _Rows:
-    """The target's cache as B sequences: one sequence through the single-sequence interface
-    (every engine), several through the batched one (engines that batch)."""
-
-    def __init__(self, model: LanguageModel, batch: int):
-        if batch > 1 and not model.batches:
-            raise ValueError(f"{model.name} on {type(model).__name__} runs one prompt at a time; batches need an "
-                             "engine that batches (the native engine)")
-        self.model, self.batch = model, batch
-
-    def reset(self, capacity: int) -> None:
-        if self.batch == 1:
-            self.model.reset(capacity)
-        else:
-            self.model.reset_batch(capacity, self.batch)
-
-    def forward(self, blocks: list[list[int]], last_only: bool = False) -> list[torch.Tensor]:
-        if self.batch == 1:
-            return [self.model.forward(blocks[0], last_only=last_only)]
-        return self.model.forward_batch(blocks, last_only=last_only)
-
-
 # ----------------------------------------------------------------------------- the loops
 
 
@@ -305,7 +285,7 @@ def generate(model, tokenizer, prompt, max_tokens: int, *, temperature=0.0, top_
     model = as_language_model(model, tokenizer)
     prompts, batched = as_batch(prompt)
     seeds = row_seeds(seed, len(prompts))
-    rows = _Rows(model, len(prompts))
+    rows = Rows(model, len(prompts))
     requests = [_check_request(model, tokenizer, p, max_tokens, temperature, top_k, top_p, s, chat)
                 for p, s in zip(prompts, seeds)]
     params = requests[0][0]
@@ -342,7 +322,7 @@ def generate(model, tokenizer, prompt, max_tokens: int, *, temperature=0.0, top_
 
 def speculative_generate(model, draft, tokenizer, prompt, max_tokens: int, *, num_draft_tokens="auto",
                          temperature=0.0, top_k=None, top_p=None, seed=None, chat=False,
-                         stream: Callable[[list[int]], None] | None = None) -> Generation:
+                         stream: Callable | None = None) -> Generation | list[Generation]:
     """Speculative decoding: the drafter proposes k tokens, the target scores
     [pending, d1..dk] in one pass, and the acceptance rule keeps a prefix plus one
     target token. Greedy output equals `generate`'s; sampled output has its distribution.
@@ -352,12 +332,18 @@ def speculative_generate(model, draft, tokenizer, prompt, max_tokens: int, *, nu
     starting from what it learned in earlier calls (and goes on learning); an integer k
     drafts k tokens a step.
 
+    prompt: one prompt, or a list of them (a batch; the engines and a model draft must batch),
+    as in `generate`: one Generation per row, each exactly the row's own single run. Each row
+    accepts its own number of drafts a step (ragged acceptance); one verify pass a step scores
+    every live row's block; a finished row drops out of the passes. With "auto" the schedule
+    chooses one k a step for the whole batch, for the most tokens per second over all rows.
+
     A draft model's own context limits only the draft: past it, a step drafts nothing (a
     plain decoding step, counted in `stats.plain_steps`) and the output is unchanged."""
-    if as_batch(prompt)[1]:
-        raise ValueError("speculative_generate takes one prompt: batched speculative decoding is not "
-                         "implemented yet (generate batches)")
     model = as_language_model(model, tokenizer)
+    prompts, batched = as_batch(prompt)
+    B = len(prompts)
+    seeds = row_seeds(seed, B)
     drafter = as_drafter(draft, tokenizer)
     k = num_draft_tokens
     schedule = None
@@ -368,62 +354,90 @@ def speculative_generate(model, draft, tokenizer, prompt, max_tokens: int, *, nu
     elif not isinstance(k, int) or isinstance(k, bool) or k < 1:
         raise ValueError(f"num_draft_tokens must be an integer >= 1, 'auto' or an AdaptiveK, got {k!r}")
     check_same_vocab(model, drafter, tokenizer)
-    params, prompt_ids = _check_request(model, tokenizer, prompt, max_tokens, temperature, top_k, top_p, seed, chat)
-    stats = Stats()
-    out: list[int] = []
-    if max_tokens == 0:
-        return Generation(out, _decode(tokenizer, out), "length", stats, prompt_ids)
-    gen = _generator(seed, model.device)
+    rows = Rows(model, B)
+    if B > 1 and not drafter.batches:
+        raise ValueError(f"the draft ({drafter!r}) runs one prompt at a time; batches need a draft on an engine "
+                         "that batches (the native engine)")
+    requests = [_check_request(model, tokenizer, p, max_tokens, temperature, top_k, top_p, s, chat)
+                for p, s in zip(prompts, seeds)]
+    params = requests[0][0]
+    prompt_ids = [ids for _, ids in requests]
+    stats = [Stats() for _ in prompts]
+    outs: list[list[int]] = [[] for _ in prompts]
+    reasons: list[str | None] = [None if max_tokens else "length" for _ in prompts]
+    gens = [_generator(s, model.device) for s in seeds]
     timer = _Timer(stats, model.device)
-    capacity = len(prompt_ids) + max_tokens
 
-    model.reset(capacity)
-    drafter.begin(capacity)
-    with timer("prefill"):
-        token = select(model.forward(prompt_ids, last_only=True)[-1], params, gen)
-    stats.target_calls += 1
-    with timer("draft"):
-        drafter.prefill(prompt_ids)
-    reason = _finish(out, [token], model.eos_token_ids, max_tokens)
-    if stream:
-        stream([token])
-    while not reason:
-        ids = prompt_ids + out
+    def emit(b, ids):
+        if stream:
+            stream(*((b, ids) if batched else (ids,)))
+
+    if max_tokens:
+        capacity = max(len(ids) for ids in prompt_ids) + max_tokens
+        rows.reset(capacity)
+        drafter.begin(capacity, B)
+        with timer("prefill"):
+            logits = rows.forward(prompt_ids, last_only=True)
+            tokens = [select(x[-1], params, g) for x, g in zip(logits, gens)]
+        with timer("draft"):
+            drafter.prefill(prompt_ids)
+        for b in range(B):
+            stats[b].target_calls += 1
+            reasons[b] = _finish(outs[b], [tokens[b]], model.eos_token_ids, max_tokens)
+            emit(b, [tokens[b]])
+    live = [b for b in range(B) if reasons[b] is None]
+    while live:
+        ids = {b: prompt_ids[b] + outs[b] for b in live}
         # No source (no lookup match, a draft model past its context): a plain step. A fixed
         # k takes the drafter's preferred source.
-        sources = drafter.sources(ids)
-        source, k_step = (sources[0], k) if sources else (None, 0)
-        if schedule and sources:
-            source, k_step = schedule.choose(sources)
+        sources = [drafter.sources(ids[b], b) for b in live]
+        plan = (schedule.choose_batch(sources) if schedule else
+                [(s[0], k) if s else (None, 0) for s in sources])
         # Drafts past max_tokens - 1 could never be kept: the step always adds one target token.
-        k_step = min(k_step, max_tokens - len(out) - 1)
-        spent = dict(stats.timings) if schedule else None  # the schedule learns from each step's costs
-        drafted, q = [], None
-        if k_step > 0:
-            with timer("draft"):
-                drafted, q = drafter.propose(ids, k_step, params, gen, source)
-        with timer("verify"):
-            logits = model.forward([ids[-1]] + drafted)
-            if params.greedy:
-                n_acc, token = greedy_accept(drafted, logits)
-            else:
-                n_acc, token = rejection_sample(drafted, q, logits_to_probs(logits, params), gen)
-        stats.target_calls += 1
-        before = len(out)
-        reason = _finish(out, drafted[:n_acc] + [token], model.eos_token_ids, max_tokens)
-        # An EOS among the accepted drafts ends the block: the drafts after it were neither
-        # accepted nor rejected, just discarded, so they are not counted at all.
-        kept = min(n_acc, len(out) - before)
-        stats.record_step(kept if kept < n_acc else len(drafted), kept)
+        asks = {b: (ids[b], min(n, max_tokens - len(outs[b]) - 1), src) for b, (src, n) in zip(live, plan)}
+        asks = {b: ask for b, ask in asks.items() if ask[1] > 0}
+        step = _Timer([stats[b] for b in live], model.device)
+        proposals = {}
+        if asks:
+            with step("draft"):
+                proposals = drafter.propose_rows(asks, params, gens)
+        drafted = {b: proposals.get(b, ([], None))[0] for b in live}
+        with step("verify"):
+            logits = rows.forward([[ids[b][-1]] + drafted[b] if b in ids else [] for b in range(B)])
+            verdicts = {}
+            for b in live:
+                if params.greedy:
+                    verdicts[b] = greedy_accept(drafted[b], logits[b])
+                else:
+                    q = proposals.get(b, ([], None))[1]
+                    verdicts[b] = rejection_sample(drafted[b], q, logits_to_probs(logits[b], params), gens[b])
+        outcomes, new = [], {}
+        for b, (src, _) in zip(live, plan):
+            n_acc, token = verdicts[b]
+            stats[b].target_calls += 1
+            before = len(outs[b])
+            reasons[b] = _finish(outs[b], drafted[b][:n_acc] + [token], model.eos_token_ids, max_tokens)
+            # An EOS among the accepted drafts ends the block: the drafts after it were neither
+            # accepted nor rejected, just discarded, so they are not counted at all.
+            kept = min(n_acc, len(outs[b]) - before)
+            stats[b].record_step(kept if kept < n_acc else len(drafted[b]), kept)
+            outcomes.append((src, len(drafted[b]), n_acc))
+            new[b] = outs[b][before:]
         if schedule:
-            schedule.update(len(drafted), n_acc, stats.timings["draft"] - spent["draft"],
-                            stats.timings["verify"] - spent["verify"], source)
-        # Roll back rejected drafts (and anything after an EOS): the cache keeps the
+            schedule.update_batch(outcomes, step.elapsed.get("draft", 0.0), step.elapsed["verify"])
+        # Roll back rejected drafts (and anything after an EOS): each row's cache keeps its
         # accepted sequence minus its pending last token.
-        model.rollback(len(prompt_ids) + len(out) - 1)
-        drafter.commit(prompt_ids + out)
-        if stream:
-            stream(out[before:])
-    stats.draft_calls = drafter.calls
-    stats.generated = len(out)
-    return Generation(out, _decode(tokenizer, out), reason, stats, prompt_ids)
+        lengths = rows.lengths
+        for b in live:
+            lengths[b] = len(prompt_ids[b]) + len(outs[b]) - 1
+            drafter.commit(prompt_ids[b] + outs[b], b)
+        rows.rollback(lengths)
+        for b in live:  # after the rollback: a stream sees the caches the step left
+            emit(b, new[b])
+        live = [b for b in live if reasons[b] is None]
+    results = []
+    for b in range(B):
+        stats[b].draft_calls = drafter.calls
+        stats[b].generated = len(outs[b])
+        results.append(Generation(outs[b], _decode(tokenizer, outs[b]), reasons[b], stats[b], prompt_ids[b]))
+    return results if batched else results[0]

@@ -2,14 +2,17 @@
 
 A drafter sees the accepted sequence (prompt + generated so far, whose last token the
 target has not run yet) and proposes up to k tokens, with the distribution q it drew
-them from (None when it is deterministic: q is then one-hot on each proposal).
+them from (None when it is deterministic: q is then one-hot on each proposal). It drafts
+for B rows at once (a batch; B = 1 for one prompt), each with its own state:
 
-    drafter.begin(capacity)                 before a generation
-    drafter.prefill(prompt_ids)             read the prompt (a draft model fills its cache)
-    drafter.sources(ids)                    the proposers that could answer here, preferred first
+    drafter.begin(capacity, batch=1)        before a generation
+    drafter.prefill(prompts)                read each row's prompt (a draft model fills its cache)
+    drafter.sources(ids, row=0)             the proposers that could answer here, preferred first
                                             (none: the step is a plain decoding step)
-    drafter.propose(ids, k, params, gen, source=None)  -> (tokens, q or None), at most k tokens
-    drafter.commit(ids)                     the accepted sequence after verification
+    drafter.propose(ids, k, params, gen, source=None, row=0)  -> (tokens, q or None), at most k
+    drafter.propose_rows({row: (ids, k, source)}, params, gens) -> {row: (tokens, q)}: several
+                                            rows in one go (a model draft runs them in shared passes)
+    drafter.commit(ids, row=0)              the row's accepted sequence after verification
 """
 from __future__ import annotations
 
@@ -18,37 +21,45 @@ import time
 import numpy as np
 import torch
 
-from .models.base import LanguageModel, as_language_model
+from .models.base import LanguageModel, Rows, as_language_model
 from .sampling import SamplingParams, logits_to_probs, sample
 
 
 class Drafter:
-    """Base class: counts its forward passes and the time it spends."""
+    """Base class: counts its forward passes and the time it spends. A subclass implements
+    `propose` (one row at a time) or `propose_rows` (all rows together); each defaults to the other."""
 
     vocab_size: int | None = None
     tokenizer = None
     max_context: int | None = None  # positions a draft model can hold (it limits only the draft); None: no limit
+    batches = True  # can draft for a batch of rows (a model draft needs an engine that batches)
 
     def __init__(self):
         self.calls = 0
         self.seconds = 0.0
 
-    def begin(self, capacity: int) -> None:
+    def begin(self, capacity: int, batch: int = 1) -> None:
         self.calls, self.seconds = 0, 0.0
 
-    def prefill(self, prompt_ids: list[int]) -> None:
+    def prefill(self, prompts: list[list[int]]) -> None:
         pass
 
-    def sources(self, ids: list[int]) -> tuple[str, ...]:
+    def sources(self, ids: list[int], row: int = 0) -> tuple[str, ...]:
         """The proposers that could answer at this context, preferred first ("model",
         "lookup3" for a 3-gram match, ...; none: nothing to propose). `num_draft_tokens="auto"`
         keeps statistics per source and may pick any of them; a fixed k takes the first."""
         return ("model",)
 
-    def propose(self, ids: list[int], k: int, params: SamplingParams, generator, source: str | None = None):
-        raise NotImplementedError
+    def propose(self, ids: list[int], k: int, params: SamplingParams, generator, source: str | None = None,
+                row: int = 0):
+        return self.propose_rows({row: (ids, k, source)}, params, {row: generator})[row]
 
-    def commit(self, ids: list[int]) -> None:
+    def propose_rows(self, requests: dict, params: SamplingParams, generators) -> dict:
+        """requests[row] = (ids, k, source); generators[row] draws that row's samples."""
+        return {row: self.propose(ids, k, params, generators[row], source, row)
+                for row, (ids, k, source) in requests.items()}
+
+    def commit(self, ids: list[int], row: int = 0) -> None:
         pass
 
 
@@ -65,28 +76,29 @@ class NgramDrafter(Drafter):
         if not 1 <= min_ngram <= max_ngram:
             raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
-        # (the sequence last searched, its length, the match): the loop's sources() then
+        # Per row, (the sequence last searched, its length, the match): the loop's sources() then
         # propose() on one step's sequence search it once. Holding the list keeps its id unique.
-        self._last = None
+        self._last: dict[int, tuple] = {}
 
-    def begin(self, capacity: int) -> None:
-        super().begin(capacity)
-        self._last = None
+    def begin(self, capacity: int, batch: int = 1) -> None:
+        super().begin(capacity, batch)
+        self._last = {}
 
-    def _match(self, ids):
-        if self._last is None or self._last[0] is not ids or self._last[1] != len(ids):
+    def _match(self, ids, row):
+        last = self._last.get(row)
+        if last is None or last[0] is not ids or last[1] != len(ids):
             start = time.perf_counter()
-            self._last = ids, len(ids), find_match(np.asarray(ids), self.max_ngram, self.min_ngram)
+            last = self._last[row] = ids, len(ids), find_match(np.asarray(ids), self.max_ngram, self.min_ngram)
             self.seconds += time.perf_counter() - start
-        return self._last[2]
+        return last[2]
 
-    def sources(self, ids):
+    def sources(self, ids, row=0):
         # A longer matched n-gram is a better bet: each length is a source of its own.
-        match = self._match(ids)
+        match = self._match(ids, row)
         return (f"lookup{match[1]}",) if match else ()
 
-    def propose(self, ids, k, params, generator, source=None):
-        match = self._match(ids)
+    def propose(self, ids, k, params, generator, source=None, row=0):
+        match = self._match(ids, row)
         return (ids[match[0]: match[0] + k] if match else []), None
 
     def __repr__(self) -> str:
@@ -144,69 +156,93 @@ class ModelDrafter(Drafter):
             self.model.restrict_head(head_tokens)
         self.vocab_size, self.max_context = self.model.vocab_size, self.model.max_context
         self.tokenizer = self.model.tokenizer or tokenizer
-        self._seen: list[int] = []  # tokens whose K/V are in the draft cache
-        self._base = 0  # length of the accepted sequence at the last propose
+        self.batches = self.model.batches
+        self._rows = Rows(self.model, 1, "the draft")
+        self._seen: list[list[int]] = [[]]  # per row: tokens whose K/V are in the draft cache
+        self._base = [0]  # per row: length of the accepted sequence at its last propose
 
-    def begin(self, capacity: int) -> None:
-        super().begin(capacity)
-        self.model.reset(min(capacity, self.max_context))
-        self._seen, self._base = [], 0
+    def begin(self, capacity: int, batch: int = 1) -> None:
+        super().begin(capacity, batch)
+        self._rows = Rows(self.model, batch, "the draft")
+        self._rows.reset(min(capacity, self.max_context))
+        self._seen, self._base = [[] for _ in range(batch)], [0] * batch
 
     def room(self, ids: list[int]) -> int:
         """How many tokens it can propose after `ids` within its context (<= 0: none)."""
         return self.max_context + 1 - len(ids)
 
-    def sources(self, ids):
+    def sources(self, ids, row=0):
         return ("model",) if self.room(ids) > 0 else ()
 
-    def _forward(self, tokens, last_only=False) -> torch.Tensor:
+    def _forward(self, blocks: dict[int, list[int]], last_only=False) -> dict[int, torch.Tensor]:
+        """One pass over blocks[row] for the rows given (the others sit it out); last logits per row."""
         self.calls += 1
-        self._seen.extend(tokens)
-        return self.model.forward(tokens, last_only=last_only)[-1]
+        for row, tokens in blocks.items():
+            self._seen[row].extend(tokens)
+        logits = self._rows.forward([blocks.get(b, []) for b in range(len(self._seen))], last_only=last_only)
+        return {row: logits[row][-1] for row in blocks}
 
-    def prefill(self, prompt_ids):
-        # Read the prompt once, up front, so that no proposal (and no cost estimate of
-        # `num_draft_tokens="auto"`) carries it.
-        if len(prompt_ids) > self.max_context:
-            return  # it will never propose: sources() is empty from the start
-        start = time.perf_counter()
-        self._forward(prompt_ids, last_only=True)
-        self.seconds += time.perf_counter() - start
+    def prefill(self, prompts):
+        # Read each prompt once, up front, so that no proposal (and no cost estimate of
+        # `num_draft_tokens="auto"`) carries it. A prompt past its context is never read:
+        # sources() is empty for that row from the start.
+        blocks = {b: p for b, p in enumerate(prompts) if len(p) <= self.max_context}
+        if blocks:
+            start = time.perf_counter()
+            self._forward(blocks, last_only=True)
+            self.seconds += time.perf_counter() - start
 
-    def propose(self, ids, k, params, generator, source=None):
-        k = min(k, self.room(ids))
-        if k <= 0:
-            return [], None
+    def propose_rows(self, requests, params, generators):
+        out = {row: ([], None) for row in requests}
+        ks = {row: min(k, self.room(ids)) for row, (ids, k, _) in requests.items()}
+        ks = {row: k for row, k in ks.items() if k > 0}
+        if not ks:
+            return out
         start = time.perf_counter()
-        assert self._seen == ids[: len(self._seen)], "draft cache diverged from the accepted sequence"
-        if len(self._seen) >= len(ids):  # all seen (asked twice, say): rerun the last token for its logits
-            self.model.rollback(len(ids) - 1)
-            del self._seen[len(ids) - 1:]
-        self._base = len(ids)
-        logits = self._forward(ids[len(self._seen):], last_only=True)
-        tokens, qs = [], []
-        for i in range(k):
-            q = None if params.greedy else logits_to_probs(logits, params)
-            if self.min_confidence and float((logits.softmax(-1) if q is None else q).max()) < self.min_confidence:
+        lengths = self._rows.lengths
+        for row in ks:
+            ids, seen = requests[row][0], self._seen[row]
+            assert seen == ids[: len(seen)], "draft cache diverged from the accepted sequence"
+            if len(seen) >= len(ids):  # all seen (asked twice, say): rerun the last token for its logits
+                lengths[row] = len(ids) - 1
+                del seen[len(ids) - 1:]
+            self._base[row] = len(ids)
+        self._rows.rollback(lengths)
+        logits = self._forward({row: requests[row][0][len(self._seen[row]):] for row in ks}, last_only=True)
+        tokens = {row: [] for row in ks}
+        qs = {row: [] for row in ks}
+        for i in range(max(ks.values())):
+            going = {}
+            for row, x in logits.items():
+                q = None if params.greedy else logits_to_probs(x, params)
+                if self.min_confidence and float((x.softmax(-1) if q is None else q).max()) < self.min_confidence:
+                    continue  # this row's block ends here
+                if params.greedy:
+                    tokens[row].append(int(x.argmax()))
+                else:
+                    tokens[row].append(sample(q, generators[row]))
+                    qs[row].append(q)
+                if i < ks[row] - 1:  # the last proposal is run later, only if it is accepted
+                    going[row] = tokens[row][-1:]
+            if not going:
                 break
-            if params.greedy:
-                tokens.append(int(logits.argmax()))
-            else:
-                tokens.append(sample(q, generator))
-                qs.append(q)
-            if i < k - 1:  # the last proposal is run later, only if it is accepted
-                logits = self._forward(tokens[-1:])
+            logits = self._forward(going)
         self.seconds += time.perf_counter() - start
-        return tokens, (torch.stack(qs) if qs else None)
+        for row in ks:
+            out[row] = tokens[row], (torch.stack(qs[row]) if qs[row] else None)
+        return out
 
-    def commit(self, ids):
+    def commit(self, ids, row=0):
         # Everything up to the last propose's sequence was accepted already; check the drafts.
-        limit = min(len(self._seen), len(ids) - 1)
-        keep = min(self._base, limit)
-        while keep < limit and self._seen[keep] == ids[keep]:
+        seen = self._seen[row]
+        limit = min(len(seen), len(ids) - 1)
+        keep = min(self._base[row], limit)
+        while keep < limit and seen[keep] == ids[keep]:
             keep += 1
-        self.model.rollback(keep)
-        del self._seen[keep:]
+        lengths = self._rows.lengths
+        lengths[row] = keep
+        self._rows.rollback(lengths)
+        del seen[keep:]
 
     def __repr__(self) -> str:
         stop = f", min_confidence={self.min_confidence}" if self.min_confidence else ""
@@ -231,32 +267,38 @@ class CompositeDrafter(Drafter):
         self.model = model_draft if isinstance(model_draft, ModelDrafter) else ModelDrafter(
             model_draft, tokenizer, min_confidence)
         self.vocab_size, self.tokenizer = self.model.vocab_size, self.model.tokenizer
-        self.max_context = self.model.max_context
+        self.max_context, self.batches = self.model.max_context, self.model.batches
 
-    def begin(self, capacity: int) -> None:
-        super().begin(capacity)
-        self.lookup.begin(capacity)
-        self.model.begin(capacity)
+    def begin(self, capacity: int, batch: int = 1) -> None:
+        super().begin(capacity, batch)
+        self.lookup.begin(capacity, batch)
+        self.model.begin(capacity, batch)
 
-    def prefill(self, prompt_ids):
-        self.model.prefill(prompt_ids)
+    def prefill(self, prompts):
+        self.model.prefill(prompts)
         self.calls, self.seconds = self.model.calls, self.model.seconds
 
-    def sources(self, ids):
+    def sources(self, ids, row=0):
         # Past the model's context the lookup goes on alone.
-        return self.lookup.sources(ids) + self.model.sources(ids)
+        return self.lookup.sources(ids, row) + self.model.sources(ids, row)
 
-    def propose(self, ids, k, params, generator, source=None):
-        tokens, q = [], None
-        if source != "model":
-            tokens, q = self.lookup.propose(ids, k, params, generator)
-        if not tokens:  # no match (or the schedule chose the model): the model drafts, if it has room
-            tokens, q = self.model.propose(ids, k, params, generator)
+    def propose_rows(self, requests, params, generators):
+        out, to_model = {}, {}
+        for row, (ids, k, source) in requests.items():
+            tokens, q = [], None
+            if source != "model":
+                tokens, q = self.lookup.propose(ids, k, params, generators[row], row=row)
+            if tokens:
+                out[row] = tokens, q
+            else:  # no match (or the schedule chose the model): the model drafts, if it has room
+                to_model[row] = ids, k, "model"
+        if to_model:
+            out.update(self.model.propose_rows(to_model, params, generators))
         self.calls, self.seconds = self.model.calls, self.lookup.seconds + self.model.seconds
-        return tokens, q
+        return out
 
-    def commit(self, ids):
-        self.model.commit(ids)
+    def commit(self, ids, row=0):
+        self.model.commit(ids, row)
 
     def __repr__(self) -> str:
         return f"CompositeDrafter({self.lookup!r}, {self.model!r})"

@@ -27,6 +27,7 @@ target's for any k, and the sampling rule is exact for any k.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 
@@ -60,7 +61,7 @@ class AdaptiveK:
         self.k_max, self.decay = k_max, decay
         self.probe_every, self.max_probe_every = probe_every, max_probe_every
         self.sources: dict[str, SourceStats] = {}
-        # Verify passes by tokens drafted: decayed count, and decayed sum of seconds.
+        # Verify passes by their size in tokens: decayed count, and decayed sum of seconds.
         self.verify_n: dict[int, float] = {}
         self.verify_s: dict[int, float] = {}
         self._verify_fit: tuple[float, float] | None = None
@@ -85,66 +86,108 @@ class AdaptiveK:
         """Acceptance of the first draft of a block (the i.i.d. model's alpha, if acceptance were i.i.d.)."""
         return self.acceptance(source)[0]
 
-    def verify_time(self, k: int) -> float:
-        """Seconds of a verify pass over 1 + k tokens: a + b k, fitted to the measured passes.
+    def pass_time(self, tokens: int) -> float:
+        """Seconds of a verify pass over `tokens` tokens in all (1 + k for one row; the sum of
+        1 + k_b over the rows of a batch): a + b * tokens, fitted to the measured passes.
 
         A line, not a table: single passes are noisy (tens of percent on a busy machine),
-        and a table would let one lucky k=2 pass look cheaper than k=1. With one measured
-        k the line is flat (where decoding is memory-bound verification nearly is); it
-        tilts once passes of other lengths come in."""
+        and a table would let one lucky 3-token pass look cheaper than a 2-token one. With
+        one measured size the line is flat (where decoding is memory-bound verification
+        nearly is); it tilts once passes of other sizes come in. In a batch the slope is
+        where speculation's gain goes: B rows drafting k each make a pass of B * (k + 1)."""
         if self._verify_fit is None:
-            ks = list(self.verify_n)
-            w = [self.verify_n[k] for k in ks]
-            y = [self.verify_s[k] / self.verify_n[k] for k in ks]
+            ns = list(self.verify_n)
+            w = [self.verify_n[n] for n in ns]
+            y = [self.verify_s[n] / self.verify_n[n] for n in ns]
             W = sum(w)
-            mk = sum(wi * k for wi, k in zip(w, ks)) / W
+            mn = sum(wi * n for wi, n in zip(w, ns)) / W
             my = sum(wi * yi for wi, yi in zip(w, y)) / W
-            var = sum(wi * (k - mk) ** 2 for wi, k in zip(w, ks))
-            slope = max(0.0, sum(wi * (k - mk) * (yi - my) for wi, k, yi in zip(w, ks, y)) / var) if var else 0.0
-            self._verify_fit = (my - slope * mk, slope)
+            var = sum(wi * (n - mn) ** 2 for wi, n in zip(w, ns))
+            slope = max(0.0, sum(wi * (n - mn) * (yi - my) for wi, n, yi in zip(w, ns, y)) / var) if var else 0.0
+            self._verify_fit = (my - slope * mn, slope)
         a, b = self._verify_fit
-        return max(a + b * k, 1e-9)
+        return max(a + b * tokens, 1e-9)
+
+    def verify_time(self, k: int) -> float:
+        """Seconds of one row's verify pass over 1 + k tokens."""
+        return self.pass_time(k + 1)
+
+    def expected_tokens(self, source: str = "model") -> list[float]:
+        """Expected tokens a step yields (accepted drafts + the target's own) for k = 0..k_max."""
+        tokens, run = [1.0], 1.0
+        for p in self.acceptance(source):
+            run *= p
+            tokens.append(tokens[-1] + run)
+        return tokens
 
     def expected_rates(self, source: str = "model") -> list[float]:
-        """Expected tokens per second for k = 0..k_max drafts from `source`."""
+        """Expected tokens per second for k = 0..k_max drafts from `source`, one row."""
         t_draft = self._source(source).t_draft or 0.0
-        rates, tokens, run = [], 1.0, 1.0
-        for k, p in enumerate([None] + self.acceptance(source)):
-            if k:
-                run *= p
-                tokens += run
-            rates.append(tokens / (k * t_draft + self.verify_time(k)))
-        return rates
+        return [n / (k * t_draft + self.verify_time(k)) for k, n in enumerate(self.expected_tokens(source))]
 
     def choose(self, sources=("model",)) -> tuple[str, int]:
         """The source (among those that can propose here) and k with the most expected
         tokens per second; k = 0 is a plain step."""
-        for name in sources:
-            s = self._source(name)
-            s.probing = False
-            if s.t_draft is None or not self.verify_n:
-                return name, min(2, self.k_max)  # nothing measured yet: start modestly
-        best_rate, best = 0.0, (sources[0], 0)
-        for name in sources:
-            rates = self.expected_rates(name)
-            k = max(range(len(rates)), key=rates.__getitem__)
-            if rates[k] > best_rate:
-                best_rate, best = rates[k], (name, k)
-        if best[1] == 0:  # plain decoding: count towards each source's next probe
+        return self.choose_batch([tuple(sources)])[0]
+
+    def choose_batch(self, rows: list[tuple[str, ...]]) -> list[tuple[str | None, int]]:
+        """One (source, k) per row of a batch (rows[b]: the sources that can propose for row b;
+        empty: a plain step), for the most expected tokens per second over the whole batch.
+
+        Every row drafts the same k (or none). A step costs k draft steps of the costliest
+        source it uses (a model draft runs its rows together) plus one verify pass over the
+        sum of 1 + k_b, so each candidate is a k and a cap on the draft cost: rows whose
+        sources all cost more than the cap take a plain step, the others their source with
+        the most expected tokens. With one row this is the best (source, k) for that row."""
+        for sources in rows:
             for name in sources:
+                self._source(name).probing = False
+        unmeasured = [next((n for n in s if self.sources[n].t_draft is None or not self.verify_n), None)
+                      for s in rows]
+        if any(u is not None for u in unmeasured):  # nothing measured yet: start modestly
+            return [(u or s[0], min(2, self.k_max)) if s else (None, 0) for s, u in zip(rows, unmeasured)]
+        names = sorted({n for s in rows for n in s}, key=lambda n: self.sources[n].t_draft)
+        tokens = {n: self.expected_tokens(n) for n in names}
+        best_rate, best = 0.0, [(s[0] if s else None, 0) for s in rows]
+        for k in range(self.k_max + 1):
+            for cap in names:
+                c = self.sources[cap].t_draft
+                plan = [max((n for n in s if self.sources[n].t_draft <= c), key=lambda n: tokens[n][k], default=None)
+                        for s in rows]
+                got = sum(tokens[n][k] if n else 1.0 for n in plan)
+                size = sum(k + 1 if n else 1 for n in plan)
+                rate = got / (k * c + self.pass_time(size))
+                if rate > best_rate:
+                    best_rate, best = rate, [(n, k) if n else (s[0] if s else None, 0) for n, s in zip(plan, rows)]
+        if all(k == 0 for _, k in best):  # plain decoding: count towards each source's next probe
+            probing = []
+            for name in dict.fromkeys(n for s in rows for n in s):
                 s = self.sources[name]
                 s.plain_steps += 1
                 if s.plain_steps >= s.probe_every:
                     s.plain_steps, s.probing = 0, True
-                    return name, 1
+                    probing.append(name)
+            if probing:
+                return [next(((n, 1) for n in s if n in probing), (s[0] if s else None, 0)) for s in rows]
         return best
 
     def update(self, drafted: int, accepted: int, draft_seconds: float, verify_seconds: float,
                source: str = "model") -> None:
         """One step's outcome: `drafted` proposals from `source`, the first `accepted` kept."""
+        self.update_batch([(source, drafted, accepted)], draft_seconds, verify_seconds)
+
+    def update_batch(self, outcomes: list[tuple[str | None, int, int]], draft_seconds: float,
+                     verify_seconds: float) -> None:
+        """One step of a batch: per row (source, drafted, accepted), then the step's draft and
+        verify seconds. The draft time is charged to the costliest source the step used (a
+        model draft's steps dwarf a lookup's microseconds), per draft step; a source measured
+        for the first time is charged with it too."""
         d = self.decay
-        if drafted:
-            s = self._source(source)
+        used = [(self._source(src), n) for src, n, _ in outcomes if n]
+        for src, drafted, accepted in outcomes:
+            if not drafted:
+                continue
+            s = self._source(src)
             reached = min(accepted + 1, drafted)  # positions whose outcome this step observed
             while len(s.tries) < reached:
                 s.hits.append(0.0)
@@ -154,13 +197,18 @@ class AdaptiveK:
                 s.prior[i] *= d
                 s.tries[i] = d * s.tries[i] + 1
                 s.hits[i] = d * s.hits[i] + (i < accepted)
-            per_token = draft_seconds / drafted
-            s.t_draft = per_token if s.t_draft is None else d * s.t_draft + (1 - d) * per_token
             if s.probing:  # back off while probes fail; come back at once when one succeeds
                 s.probe_every = self.probe_every if accepted else min(2 * s.probe_every, self.max_probe_every)
-        for k in self.verify_n:
-            self.verify_n[k] *= d
-            self.verify_s[k] *= d
-        self.verify_n[drafted] = self.verify_n.get(drafted, 0.0) + 1
-        self.verify_s[drafted] = self.verify_s.get(drafted, 0.0) + verify_seconds
+        if used:
+            per_step = draft_seconds / max(n for _, n in used)
+            costliest = max((s for s, _ in used), key=lambda s: math.inf if s.t_draft is None else s.t_draft)
+            for s in {id(s): s for s, _ in used}.values():
+                if s is costliest or s.t_draft is None:
+                    s.t_draft = per_step if s.t_draft is None else d * s.t_draft + (1 - d) * per_step
+        size = sum(n + 1 for _, n, _ in outcomes)
+        for n in self.verify_n:
+            self.verify_n[n] *= d
+            self.verify_s[n] *= d
+        self.verify_n[size] = self.verify_n.get(size, 0.0) + 1
+        self.verify_s[size] = self.verify_s.get(size, 0.0) + verify_seconds
         self._verify_fit = None

@@ -8,7 +8,7 @@ from collections import Counter
 import pytest
 import torch
 
-from specdec import NgramDrafter, generate, load_model, speculative_generate
+from specdec import generate, load_model
 from specdec.models.base import HFAdapter
 
 from tiny import needs_model, save_tiny, tiny_hf_model
@@ -76,8 +76,6 @@ def test_bad_batches_are_refused_before_compute(model):
         generate(model, None, [PROMPTS[0], [64]], 5)
     with pytest.raises(ValueError, match="prompt is empty"):
         generate(model, None, [PROMPTS[0], []], 5)
-    with pytest.raises(ValueError, match="batched speculative decoding is not implemented"):
-        speculative_generate(model, NgramDrafter(), None, PROMPTS[:2], 5)
     with pytest.raises(ValueError, match="runs one prompt at a time"):
         generate(HFAdapter(tiny_hf_model("llama")), None, [[1, 2], [3]], 5)
 

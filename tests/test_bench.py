@@ -461,3 +461,19 @@ def test_decode_time_per_token_leaves_out_the_prefill():
     assert per["decode_per_token"] == pytest.approx((2.0 - 0.5) / 10)  # median trial, 10 tokens after the first
     rows[0]["tokens"] = [1]  # a one-token answer has no decode phase
     assert _per_prompt(rows, "m", [SimpleNamespace(id="p")])["p"]["decode_per_token"] is None
+
+
+def test_batched_crossover_is_the_first_size_where_no_method_pays():
+    from specdec.bench.batched import crossover
+
+    def by(ratios):  # B -> {method: ratio}
+        return {str(b): {"normal": {"throughput_ratio": {"geomean": 1.0}}}
+                | {m: {"throughput_ratio": {"geomean": r}} for m, r in rs.items()} for b, rs in ratios.items()}
+
+    c = crossover([1, 2, 4, 8], by({1: {"a": 1.5, "b": 1.2}, 2: {"a": 1.1, "b": 1.3}, 4: {"a": 0.9, "b": 0.95},
+                                    8: {"a": 0.7, "b": 1.01}}))
+    assert c["stops_paying_at"] == 4 and c["pays_up_to"] == 2 and c["best"]["2"] == {"method": "b", "ratio": 1.3}
+    c = crossover([1, 2], by({1: {"a": 1.5}, 2: {"a": 1.2}}))
+    assert c["stops_paying_at"] is None and c["pays_up_to"] == 2
+    c = crossover([1, 2], by({1: {"a": 0.8}, 2: {"a": 0.7}}))
+    assert c["stops_paying_at"] == 1 and c["pays_up_to"] is None

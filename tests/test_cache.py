@@ -213,7 +213,7 @@ def checked_speculative(target_model, drafter, prompt, max_tokens, k, **kw):
             assert n <= len(accepted) - 1
             # a prefix of the accepted sequence (so never a rejected token)
             assert_cache_holds(dm, accepted[:n])
-            assert model_drafter._seen == accepted[:n]
+            assert model_drafter._seen[0] == accepted[:n]
             draft_lens.append(n)
 
     res = speculative_generate(target_model, drafter, None, prompt, max_tokens, num_draft_tokens=k,

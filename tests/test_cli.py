@@ -207,6 +207,17 @@ def test_bench_bad_prompts_file(capsys, tmp_path, no_load):
     assert_one_line_error(*run(capsys, "bench", "--prompts", bad, "--out", tmp_path / "o"), "bad.jsonl:2")
 
 
+def test_bench_batch_sizes_mistakes(capsys, tmp_path, no_load):
+    rc, out, err = run(capsys, "bench", "--batch-sizes", "2,0", "--out", tmp_path / "o")
+    assert rc == 2 and "--batch-sizes" in err and "Traceback" not in err
+    assert_one_line_error(*run(capsys, "bench", "--batch-sizes", "2", "--engine", "llama.cpp", "--out", tmp_path / "o"),
+                          "batch sizes need an engine that batches")
+    two = tmp_path / "two.jsonl"
+    two.write_text('{"category": "qa", "turns": ["a"]}\n{"category": "qa", "turns": ["b"]}\n')
+    assert_one_line_error(*run(capsys, "bench", "--batch-sizes", "1,4", "--prompts", two, "--out", tmp_path / "o"),
+                          "batch size 4 needs at least as many prompts", "has 2")
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA GPU is present")
 def test_bench_cuda_without_gpu(capsys, tmp_path, no_load):
     assert_one_line_error(*run(capsys, "bench", "--device", "cuda", "--out", tmp_path / "o"), "cuda")
@@ -355,6 +366,37 @@ def test_bench_runs_a_spec_bench_file_with_the_default_methods(capsys, tmp_path)
     for m in report["methods"]:
         assert set(m["categories"]) == {"writing", "summarization"}
         assert m["mismatches"] == []  # float32 greedy
+    assert "spec-composite-kauto" in out
+
+
+@needs_model
+def test_bench_batch_sizes_runs_the_batched_study(capsys, tmp_path):
+    import json
+
+    from test_bench import SPEC_BENCH_ROWS
+
+    questions = tmp_path / "question.jsonl"
+    extra = {"question_id": 7, "category": "qa", "turns": ["Name three metals that conduct electricity."]}
+    questions.write_text("".join(json.dumps(r) + "\n" for r in SPEC_BENCH_ROWS + [extra]))
+    rc, out, err = run(capsys, "bench", "--prompts", questions, "--batch-sizes", "1,2,4", "--max-tokens", 10,
+                       "--trials", 1, "--threads", 2, "--dtype", "bfloat16", "--out", tmp_path / "out")
+    assert rc == 0, err
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    b = report["batched"]
+    assert b["batch_sizes"] == [1, 2, 4] and len(b["prompts"]) == 4
+    assert b["methods"] == ["normal", "spec-ngram-kauto", "spec-draft-kauto", "spec-composite-kauto"]
+    for size in ("1", "2", "4"):
+        for name, e in b["by_batch"][size].items():
+            assert e["tokens_per_s"] > 0 and e["latency_ms_per_token"]["p90"] >= e["latency_ms_per_token"]["median"]
+            if name != "normal":
+                assert e["row_mismatches"] == 0  # bf16 greedy through the kernel: every row is plain's row
+    # every batch of every method ran once (one trial): 4 + 2 + 1 batches
+    assert len(b["records"]) == 7 * len(b["methods"])
+    assert set(b["verify_costs"]["ratio"]) == {"1", "2", "4"}
+    assert b["verify_costs"]["ratio"]["4"]["8"] > b["verify_costs"]["ratio"]["1"]["0"]
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert "## Batched requests" in md and "Verify pass cost" in md and "![batch_scaling]" in md
+    assert (tmp_path / "out" / "batch_scaling.png").stat().st_size > 0
     assert "spec-composite-kauto" in out
 
 

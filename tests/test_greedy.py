@@ -171,7 +171,7 @@ def test_composite_proposes_from_the_chosen_source(models):
     ids = PROMPTS["repeated"]
     comp = CompositeDrafter(models["noisy"])
     comp.begin(64)
-    comp.prefill(ids)
+    comp.prefill([ids])
     assert comp.sources(ids) == ("lookup3", "model")
     looked_up, _ = comp.propose(ids, 3, SamplingParams(0.0), None)
     assert looked_up == [8, 5, 6] and comp.calls == 1  # the lookup, as a fixed k would take
@@ -179,7 +179,7 @@ def test_composite_proposes_from_the_chosen_source(models):
     assert comp.calls == 1 + 3  # the model ran (once per token)
     model_only = ModelDrafter(models["noisy"])
     model_only.begin(64)
-    model_only.prefill(ids)
+    model_only.prefill([ids])
     assert drafted == model_only.propose(ids, 3, SamplingParams(0.0), None)[0]
 
 

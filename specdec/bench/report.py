@@ -1,4 +1,5 @@
-"""Writing a benchmark report: report.json, report.md, four plots, and a summary table.
+"""Writing a benchmark report: report.json, report.md, four plots (one for the batched study),
+and a summary table.
 
 Everything here reads the dict that runner.run_benchmark returns (documented in
 docs/bench-report-schema.md). A missing value -- None, NaN, or a key a method lacks
@@ -74,7 +75,8 @@ def _spec_methods(report: dict) -> list[dict]:
 def _machine(report: dict) -> str:
     e = report.get("environment") or {}
     chip = f"{e['gpu']} (host {e.get('cpu')})" if e.get("gpu") else e.get("cpu", "?")
-    return f"{chip} · {e.get('threads', '?')} threads · {e.get('dtype', '?')} · {e.get('device', '?')}"
+    return (f"{chip} · {e.get('threads', '?')} threads · {e.get('dtype', '?')} · {e.get('device', '?')}"
+            f" · specdec {e.get('git_commit') or '?'}")
 
 
 def _table(header: list[str], rows: list[list]) -> list[str]:
@@ -111,9 +113,12 @@ def _md_header(report: dict) -> list[str]:
     first = _get((report.get("prompts") or [None])[0], "id")
     warm = {m["name"]: [r["seconds"] for r in report.get("records", []) if r.get("method") == m["name"]
                         and r.get("prompt") == first and _num(r.get("seconds")) is not None] for m in methods}
-    return ["# specdec benchmark report", "", f"**Environment:** {env}", "",
+    head = ["# specdec benchmark report", "", f"**Environment:** {env}", "",
             "**Config:** `" + ", ".join(f"{k}={v}" for k, v in (report.get("config") or {}).items()) + "`", "",
-            f"**Load times:** {load or DASH}", "", "## Cold (first-call) latency", ""] + _table(
+            f"**Load times:** {load or DASH}", ""]
+    if not methods:
+        return head
+    return head + ["## Cold (first-call) latency", ""] + _table(
         ["method", "cold s (first call)", "warm s (median of trials)"],
         [[m["name"], _fmt(m.get("cold_seconds")), _fmt(np.median(warm[m["name"]]) if warm[m["name"]] else None)]
          for m in methods]) + [f"Both on the first prompt (`{first}`); the cold call pays one-time setup.", ""]
@@ -229,9 +234,68 @@ def _md_mismatches(report: dict) -> list[str]:
                         "tokens by at least float32's gap. MISMATCH = a real divergence to investigate.", ""]
 
 
+def _batch_rows(report: dict) -> list[list[str]]:
+    """One row per (B, method) of the batched study."""
+    b = report["batched"]
+    rows = []
+    for size in b["batch_sizes"]:
+        for name in b["methods"]:
+            e = _get(b, "by_batch", str(size), name) or {}
+            rows.append([str(size), name, _fmt(e.get("tokens_per_s"), ".1f"), _speedup(e.get("throughput_ratio")),
+                         _fmt(_get(e, "latency_ms_per_token", "median"), ".1f"),
+                         _fmt(_get(e, "latency_ms_per_token", "p90"), ".1f"), _fmt(e.get("acceptance_rate"), ".3f"),
+                         _fmt(e.get("mean_drafted_per_step"), ".2f"),
+                         DASH if e.get("row_mismatches") is None else str(e["row_mismatches"])])
+    return rows
+
+
+BATCH_HEADER = ["B", "method", "tok/s (all rows)", "throughput vs plain [95% CI]", "ms/token per request (median)",
+                "p90", "acceptance", "drafts/row/step", "rows ≠ plain"]
+
+
+def crossover_sentence(report: dict) -> str:
+    c = report["batched"]["crossover"]
+    best = c["best"]
+    if not best:
+        return "No speculative method ran (a draft model or the n-gram drafter is needed)."
+    trail = ", ".join(f"B={b}: {v['method']} {v['ratio']:.2f}x" for b, v in best.items())
+    if c["stops_paying_at"] is None:
+        return (f"Speculation pays at every batch size measured (best method per B: {trail}); no crossover up to "
+                f"B={max(report['batched']['batch_sizes'])} on this machine.")
+    if c["pays_up_to"] is None:
+        return f"Speculation does not pay even at the smallest batch measured (best method per B: {trail})."
+    return (f"**Crossover: speculation pays up to B={c['pays_up_to']} and stops paying at B={c['stops_paying_at']}** "
+            f"on this machine (best method's throughput vs plain batched decoding, per B: {trail}).")
+
+
+def _md_batched(report: dict) -> list[str]:
+    b = report["batched"]
+    v = b["verify_costs"]
+    ks = list(next(iter(v["ratio"].values())))
+    lines = ["## Batched requests", "", crossover_sentence(report), ""] + _table(BATCH_HEADER, _batch_rows(report))
+    lines += [f"- {len(b['prompts'])} prompts (a fixed shuffle of the selection, so batches mix categories), "
+              "split into batches of each B; every method decodes every batch, in a rotating order per batch. "
+              "**throughput vs plain**: per batch, the method's tokens/s over plain batched `generate`'s on the "
+              "same batch; geometric mean over batches, bootstrap 95% CI. **ms/token per request**: each row's "
+              "time from the call's start to its last token, over its tokens. **drafts/row/step**: drafted "
+              "tokens per row per verify step (with `auto`, the k it picked). **rows ≠ plain**: greedy rows "
+              "that differ from plain decoding's (must be 0).", "",
+              f"### Verify pass cost: B rows of k + 1 tokens vs one row of one token ({v['one_token_ms']:.2f} ms)",
+              ""]
+    lines += _table(["B"] + [f"k={k}" for k in ks],
+                    [[size] + [f"{v['ratio'][size][k]:.2f}x" for k in ks] for size in v["ratio"]])
+    lines += ["One decode pass over a few rows is memory-bound: the weights are read once for all rows, so a pass "
+              "of B·(k+1) tokens costs little more than one token. As B·(k+1) grows the pass turns compute-bound, "
+              "its cost grows with its rows, and accepted drafts stop coming nearly for free.", ""]
+    return lines
+
+
 def _markdown(report: dict, plots: dict[str, tuple[bool, str | None]]) -> str:
-    lines = (_md_header(report) + _md_tables(report) + _md_ceilings(report) + _md_mismatches(report)
-             + ["## Plots", ""])
+    if "batched" in report:
+        lines = _md_header(report) + _md_batched(report) + ["## Plots", ""]
+    else:
+        lines = (_md_header(report) + _md_tables(report) + _md_ceilings(report) + _md_mismatches(report)
+                 + ["## Plots", ""])
     for name, (written, note) in plots.items():
         lines += [f"![{name}]({name}.png)"] * written + [f"- `{name}.png`: {note}"] * bool(note) + [""]
     return "\n".join(lines)
@@ -334,8 +398,34 @@ def _plot_break_even(report, fig, ax):
     return note
 
 
+def _plot_batch_scaling(report, fig, ax):
+    b = report["batched"]
+    fig.delaxes(ax)
+    left, right = fig.subplots(1, 2)
+    sizes = b["batch_sizes"]
+    for i, name in enumerate(b["methods"]):
+        es = [_get(b, "by_batch", str(size), name) or {} for size in sizes]
+        style = dict(marker="o", color="k" if name == "normal" else f"C{i}", ls="-" if name == "normal" else "--",
+                     label="plain" if name == "normal" else name)
+        left.plot(sizes, [_num(e.get("tokens_per_s")) or np.nan for e in es], **style)
+        right.plot(sizes, [_num(_get(e, "latency_ms_per_token", "median")) or np.nan for e in es], **style)
+    stop = _get(b, "crossover", "stops_paying_at")
+    for ax_ in (left, right):
+        ax_.set_xscale("log", base=2)
+        ax_.set_xticks(sizes, [str(x) for x in sizes])
+        if stop is not None:
+            ax_.axvline(stop, color="0.5", ls=":", lw=1)
+    left.set(title="Throughput (new tokens/s over all rows)", xlabel="batch size B", ylabel="tokens/s")
+    right.set(title="Per-request latency (median ms/token)", xlabel="batch size B", ylabel="ms per token")
+    right.legend(fontsize=7)
+    if stop is not None:
+        left.annotate(f"crossover: B={stop}", (stop, left.get_ylim()[0]), xytext=(4, 8), textcoords="offset points",
+                      fontsize=7, color="0.3")
+
+
 PLOTS = {"speedup_by_category": _plot_speedup_by_category, "acceptance_by_position": _plot_acceptance_by_position,
          "speedup_vs_k": _plot_speedup_vs_k, "break_even": _plot_break_even}
+BATCH_PLOTS = {"batch_scaling": _plot_batch_scaling}
 
 
 def write_plots(report: dict, out: Path) -> dict[str, tuple[bool, str | None]]:
@@ -344,8 +434,8 @@ def write_plots(report: dict, out: Path) -> dict[str, tuple[bool, str | None]]:
     from matplotlib.figure import Figure
 
     result = {}
-    for name, draw in PLOTS.items():
-        path, fig = Path(out) / f"{name}.png", Figure(figsize=(9, 5))
+    for name, draw in (BATCH_PLOTS if "batched" in report else PLOTS).items():
+        path, fig = Path(out) / f"{name}.png", Figure(figsize=(12, 4.5) if name in BATCH_PLOTS else (9, 5))
         FigureCanvasAgg(fig)
         try:
             note = draw(report, fig, fig.add_subplot())
@@ -369,6 +459,11 @@ def write_report(report: dict, out: Path) -> None:
 def print_summary(report: dict, file=None) -> None:
     """An aligned table on stdout: rich when installed (plain text in a pipe or log), else padded columns."""
     file = file or sys.stdout
+    if "batched" in report:
+        header = BATCH_HEADER[:5] + ["acceptance", "drafts/row/step"]
+        _print_table(header, [r[:5] + r[6:8] for r in _batch_rows(report)], report, file)
+        print(crossover_sentence(report).replace("**", ""), file=file)
+        return
     methods = report.get("methods", [])
     vs = any(_get(m, "overall", "vs_llama_cpp") for m in methods)  # llama.cpp's own decoding ran
     header = ["method", "speedup [95% CI]"] + ["vs llama.cpp"] * vs + ["tok/s", "acceptance", "tokens/call",
@@ -378,6 +473,10 @@ def print_summary(report: dict, file=None) -> None:
             + [_fmt(_get(m, "overall", "tokens_per_s"), ".1f"), _fmt(_get(m, "overall", "acceptance_rate"), ".3f"),
                _fmt(_get(m, "overall", "tokens_per_target_call")),
                _fmt(_get(m, "overall", "predicted_speedup"), ".2f", "x")] for m in methods]
+    _print_table(header, rows, report, file)
+
+
+def _print_table(header, rows, report, file) -> None:
     try:
         from rich import box
         from rich.console import Console

@@ -56,6 +56,7 @@ class BenchConfig:
     peers: bool = True  # transformers' generate / assisted / prompt lookup
     llama_cpp_peers: bool = True  # llama.cpp's own generation (and, on that engine, its prompt lookup), if installed
     min_confidence: float = 0.0  # > 0: also the draft model with this confidence stop ("draft-stop")
+    batch_sizes: list[int] | None = None  # run the batched study (bench/batched.py) at these B instead
     quick: bool = False
 
     @classmethod
@@ -80,6 +81,13 @@ class BenchConfig:
         self.ks = sorted({k for k in self.ks if k != "auto"}) + ["auto"] * ("auto" in self.ks)
         if not 0.0 <= self.min_confidence < 1.0:
             raise ValueError(f"min_confidence must be in [0, 1), got {self.min_confidence}")
+        if self.batch_sizes is not None:
+            if not self.batch_sizes or any(not isinstance(b, int) or isinstance(b, bool) or b < 1
+                                           for b in self.batch_sizes):
+                raise ValueError(f"batch sizes must be integers >= 1, got {self.batch_sizes}")
+            if self.engine != "native":
+                raise ValueError(f"batch sizes need an engine that batches (native), not {self.engine}")
+            self.batch_sizes = sorted(set(self.batch_sizes))
         if self.threads is not None and self.threads < 1:
             raise ValueError(f"threads must be >= 1, got {self.threads}")
         from ..decoding import check_sampling
@@ -295,6 +303,9 @@ def _run(cfg: BenchConfig, progress: bool, log) -> dict:
 
     cfg.validate()
     prompts = load_suite(cfg.prompts, cfg.categories, cfg.per_category)
+    if cfg.batch_sizes and len(prompts) < max(cfg.batch_sizes):
+        raise ValueError(f"batch size {max(cfg.batch_sizes)} needs at least as many prompts; the selection has "
+                         f"{len(prompts)}")
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     torch.manual_seed(0)
@@ -311,7 +322,7 @@ def _run(cfg: BenchConfig, progress: bool, log) -> dict:
         draft_model = load_model(cfg.draft, dtype=dtype, device=cfg.device, engine=cfg.engine)
         load_s["draft"] = time.perf_counter() - t0
     hf = hf_draft = None
-    if cfg.peers:
+    if cfg.peers and not cfg.batch_sizes:
         t0 = time.perf_counter()
         hf = load_hf(cfg.model, dtype, cfg.device)
         hf_draft = load_hf(cfg.draft, dtype, cfg.device) if cfg.draft else None
@@ -319,6 +330,12 @@ def _run(cfg: BenchConfig, progress: bool, log) -> dict:
 
     log(f"rendering {len(prompts)} prompts ...")
     render(prompts, target, target.tokenizer)
+    if cfg.batch_sizes:
+        from .batched import run_batch_study
+
+        batched = run_batch_study(cfg, prompts, target, draft_model, progress, log)
+        return {"schema": SCHEMA, "batched": batched, "environment": environment(cfg, dtype), "config": asdict(cfg),
+                "load_seconds": load_s}
     llama_gguf = llama_cpp_peer_file(cfg, target, dtype)
     methods = build_methods(cfg, target, draft_model, hf, hf_draft, llama_gguf,
                             n_ctx=max(len(p.ids) for p in prompts) + cfg.max_tokens + 64)

@@ -206,6 +206,40 @@ class HFAdapter(LanguageModel):
         self._len = length
 
 
+class Rows:
+    """A model's cache as B sequences: one through the single-sequence interface (every
+    engine), several through the batched one (engines that batch). The decoding loops and
+    a model draft see every engine through this, so a batch of one is the plain API."""
+
+    def __init__(self, model: LanguageModel, batch: int, who: str = "the target"):
+        if batch > 1 and not model.batches:
+            raise ValueError(f"{who} ({model.name} on {type(model).__name__}) runs one prompt at a time; "
+                             "batches need an engine that batches (the native engine)")
+        self.model, self.batch = model, batch
+
+    def reset(self, capacity: int) -> None:
+        if self.batch == 1:
+            self.model.reset(capacity)
+        else:
+            self.model.reset_batch(capacity, self.batch)
+
+    def forward(self, blocks: list[list[int]], last_only: bool = False) -> list[torch.Tensor]:
+        """Logits per block; an empty block (a finished row, one not drafting) costs nothing."""
+        if self.batch == 1:
+            return [self.model.forward(blocks[0], last_only=last_only)]
+        return self.model.forward_batch(blocks, last_only=last_only)
+
+    @property
+    def lengths(self) -> list[int]:
+        return [self.model.cache_len] if self.batch == 1 else self.model.cache_lens
+
+    def rollback(self, lengths: list[int]) -> None:
+        if self.batch == 1:
+            self.model.rollback(lengths[0])
+        else:
+            self.model.rollback_batch(lengths)
+
+
 def as_language_model(model, tokenizer=None) -> LanguageModel:
     """Accept our models as they are, and wrap a raw transformers model in the adapter."""
     if isinstance(model, LanguageModel):
