@@ -273,6 +273,61 @@ def row_seeds(seed, batch: int) -> list:
 # ----------------------------------------------------------------------------- the loops
 
 
+class _Run:
+    """One call's rows, checked before any compute: their prompt ids, outputs, stop reasons,
+    random generators and stats, and the target's cache as that many sequences."""
+
+    def __init__(self, model: LanguageModel, tokenizer, prompt, max_tokens, temperature, top_k, top_p, seed, chat,
+                 stream):
+        prompts, self.batched = as_batch(prompt)
+        seeds = row_seeds(seed, len(prompts))
+        self.rows = Rows(model, len(prompts))
+        requests = [_check_request(model, tokenizer, p, max_tokens, temperature, top_k, top_p, s, chat)
+                    for p, s in zip(prompts, seeds)]
+        self.params = requests[0][0]
+        self.prompt_ids = [ids for _, ids in requests]
+        self.size = len(prompts)
+        self.stats = [Stats() for _ in prompts]
+        self.outs: list[list[int]] = [[] for _ in prompts]
+        self.reasons: list[str | None] = [None if max_tokens else "length" for _ in prompts]
+        self.gens = [_generator(s, model.device) for s in seeds]
+        self.model, self.tokenizer, self.max_tokens, self.stream = model, tokenizer, max_tokens, stream
+
+    def live(self) -> list[int]:
+        return [b for b, r in enumerate(self.reasons) if r is None]
+
+    def timer(self, rows) -> _Timer:
+        return _Timer([self.stats[b] for b in rows], self.model.device)
+
+    def prefill(self) -> list[int]:
+        """Empty the cache and run every prompt; each row's first new token."""
+        self.capacity = max(len(ids) for ids in self.prompt_ids) + self.max_tokens
+        self.rows.reset(self.capacity)
+        with self.timer(range(self.size))("prefill"):
+            logits = self.rows.forward(self.prompt_ids, last_only=True)
+            return [select(x[-1], self.params, g) for x, g in zip(logits, self.gens)]
+
+    def add(self, b: int, new: list[int]) -> list[int]:
+        """Row b's step yielded `new`: keep it up to an EOS or max_tokens; the ids kept."""
+        self.stats[b].target_calls += 1
+        before = len(self.outs[b])
+        self.reasons[b] = _finish(self.outs[b], new, self.model.eos_token_ids, self.max_tokens)
+        return self.outs[b][before:]
+
+    def emit(self, b: int, ids: list[int]) -> None:
+        if self.stream:
+            self.stream(*((b, ids) if self.batched else (ids,)))
+
+    def results(self, draft_calls: int = 0) -> Generation | list[Generation]:
+        gens = []
+        for b in range(self.size):
+            self.stats[b].draft_calls = draft_calls
+            self.stats[b].generated = len(self.outs[b])
+            gens.append(Generation(self.outs[b], _decode(self.tokenizer, self.outs[b]), self.reasons[b],
+                                   self.stats[b], self.prompt_ids[b]))
+        return gens if self.batched else gens[0]
+
+
 def generate(model, tokenizer, prompt, max_tokens: int, *, temperature=0.0, top_k=None, top_p=None,
              seed=None, chat=False, stream: Callable | None = None) -> Generation | list[Generation]:
     """Plain decoding: one prefill pass picks the first token from the last prompt position;
@@ -283,41 +338,21 @@ def generate(model, tokenizer, prompt, max_tokens: int, *, temperature=0.0, top_
     returning one Generation per row, each exactly the row's own single run. seed: an int
     (row i uses seed + i) or one seed per row. stream gets the new ids, or (row, new ids)."""
     model = as_language_model(model, tokenizer)
-    prompts, batched = as_batch(prompt)
-    seeds = row_seeds(seed, len(prompts))
-    rows = Rows(model, len(prompts))
-    requests = [_check_request(model, tokenizer, p, max_tokens, temperature, top_k, top_p, s, chat)
-                for p, s in zip(prompts, seeds)]
-    params = requests[0][0]
-    prompt_ids = [ids for _, ids in requests]
-    stats = [Stats() for _ in prompts]
-    outs: list[list[int]] = [[] for _ in prompts]
-    reasons: list[str | None] = [None if max_tokens else "length" for _ in prompts]
-    gens = [_generator(s, model.device) for s in seeds]
-    live = [b for b, r in enumerate(reasons) if r is None]
+    run = _Run(model, tokenizer, prompt, max_tokens, temperature, top_k, top_p, seed, chat, stream)
+    live = run.live()
     if live:
-        rows.reset(max(len(ids) for ids in prompt_ids) + max_tokens)
-        with _Timer(stats, model.device)("prefill"):
-            logits = rows.forward(prompt_ids, last_only=True)
-            tokens = [select(x[-1], params, g) for x, g in zip(logits, gens)]
+        tokens = run.prefill()
     while live:
         for b in live:
-            stats[b].target_calls += 1
-            reasons[b] = _finish(outs[b], [tokens[b]], model.eos_token_ids, max_tokens)
-            if stream:
-                stream(*((b, [tokens[b]]) if batched else ([tokens[b]],)))
-        live = [b for b in live if reasons[b] is None]
+            run.emit(b, run.add(b, [tokens[b]]))
+        live = run.live()
         if not live:
             break
-        with _Timer([stats[b] for b in live], model.device)("verify"):
-            logits = rows.forward([[tokens[b]] if b in live else [] for b in range(len(prompts))])
+        with run.timer(live)("verify"):
+            logits = run.rows.forward([[tokens[b]] if b in live else [] for b in range(run.size)])
             for b in live:
-                tokens[b] = select(logits[b][-1], params, gens[b])
-    results = []
-    for b in range(len(prompts)):
-        stats[b].generated = len(outs[b])
-        results.append(Generation(outs[b], _decode(tokenizer, outs[b]), reasons[b], stats[b], prompt_ids[b]))
-    return results if batched else results[0]
+                tokens[b] = select(logits[b][-1], run.params, run.gens[b])
+    return run.results()
 
 
 def speculative_generate(model, draft, tokenizer, prompt, max_tokens: int, *, num_draft_tokens="auto",
@@ -341,9 +376,7 @@ def speculative_generate(model, draft, tokenizer, prompt, max_tokens: int, *, nu
     A draft model's own context limits only the draft: past it, a step drafts nothing (a
     plain decoding step, counted in `stats.plain_steps`) and the output is unchanged."""
     model = as_language_model(model, tokenizer)
-    prompts, batched = as_batch(prompt)
-    B = len(prompts)
-    seeds = row_seeds(seed, B)
+    run = _Run(model, tokenizer, prompt, max_tokens, temperature, top_k, top_p, seed, chat, stream)
     drafter = as_drafter(draft, tokenizer)
     k = num_draft_tokens
     schedule = None
@@ -354,38 +387,19 @@ def speculative_generate(model, draft, tokenizer, prompt, max_tokens: int, *, nu
     elif not isinstance(k, int) or isinstance(k, bool) or k < 1:
         raise ValueError(f"num_draft_tokens must be an integer >= 1, 'auto' or an AdaptiveK, got {k!r}")
     check_same_vocab(model, drafter, tokenizer)
-    rows = Rows(model, B)
-    if B > 1 and not drafter.batches:
+    if run.size > 1 and not drafter.batches:
         raise ValueError(f"the draft ({drafter!r}) runs one prompt at a time; batches need a draft on an engine "
                          "that batches (the native engine)")
-    requests = [_check_request(model, tokenizer, p, max_tokens, temperature, top_k, top_p, s, chat)
-                for p, s in zip(prompts, seeds)]
-    params = requests[0][0]
-    prompt_ids = [ids for _, ids in requests]
-    stats = [Stats() for _ in prompts]
-    outs: list[list[int]] = [[] for _ in prompts]
-    reasons: list[str | None] = [None if max_tokens else "length" for _ in prompts]
-    gens = [_generator(s, model.device) for s in seeds]
-    timer = _Timer(stats, model.device)
-
-    def emit(b, ids):
-        if stream:
-            stream(*((b, ids) if batched else (ids,)))
-
-    if max_tokens:
-        capacity = max(len(ids) for ids in prompt_ids) + max_tokens
-        rows.reset(capacity)
-        drafter.begin(capacity, B)
-        with timer("prefill"):
-            logits = rows.forward(prompt_ids, last_only=True)
-            tokens = [select(x[-1], params, g) for x, g in zip(logits, gens)]
-        with timer("draft"):
+    params, gens, rows, prompt_ids, outs = run.params, run.gens, run.rows, run.prompt_ids, run.outs
+    live = run.live()
+    if live:
+        tokens = run.prefill()
+        drafter.begin(run.capacity, run.size)
+        with run.timer(range(run.size))("draft"):
             drafter.prefill(prompt_ids)
-        for b in range(B):
-            stats[b].target_calls += 1
-            reasons[b] = _finish(outs[b], [tokens[b]], model.eos_token_ids, max_tokens)
-            emit(b, [tokens[b]])
-    live = [b for b in range(B) if reasons[b] is None]
+        for b in live:
+            run.emit(b, run.add(b, [tokens[b]]))
+        live = run.live()
     while live:
         ids = {b: prompt_ids[b] + outs[b] for b in live}
         # No source (no lookup match, a draft model past its context): a plain step. A fixed
@@ -396,14 +410,14 @@ def speculative_generate(model, draft, tokenizer, prompt, max_tokens: int, *, nu
         # Drafts past max_tokens - 1 could never be kept: the step always adds one target token.
         asks = {b: (ids[b], min(n, max_tokens - len(outs[b]) - 1), src) for b, (src, n) in zip(live, plan)}
         asks = {b: ask for b, ask in asks.items() if ask[1] > 0}
-        step = _Timer([stats[b] for b in live], model.device)
+        step = run.timer(live)
         proposals = {}
         if asks:
             with step("draft"):
                 proposals = drafter.propose_rows(asks, params, gens)
         drafted = {b: proposals.get(b, ([], None))[0] for b in live}
         with step("verify"):
-            logits = rows.forward([[ids[b][-1]] + drafted[b] if b in ids else [] for b in range(B)])
+            logits = rows.forward([[ids[b][-1]] + drafted[b] if b in ids else [] for b in range(run.size)])
             verdicts = {}
             for b in live:
                 if params.greedy:
@@ -414,15 +428,12 @@ def speculative_generate(model, draft, tokenizer, prompt, max_tokens: int, *, nu
         outcomes, new = [], {}
         for b, (src, _) in zip(live, plan):
             n_acc, token = verdicts[b]
-            stats[b].target_calls += 1
-            before = len(outs[b])
-            reasons[b] = _finish(outs[b], drafted[b][:n_acc] + [token], model.eos_token_ids, max_tokens)
+            new[b] = run.add(b, drafted[b][:n_acc] + [token])
             # An EOS among the accepted drafts ends the block: the drafts after it were neither
             # accepted nor rejected, just discarded, so they are not counted at all.
-            kept = min(n_acc, len(outs[b]) - before)
-            stats[b].record_step(kept if kept < n_acc else len(drafted[b]), kept)
+            kept = min(n_acc, len(new[b]))
+            run.stats[b].record_step(kept if kept < n_acc else len(drafted[b]), kept)
             outcomes.append((src, len(drafted[b]), n_acc))
-            new[b] = outs[b][before:]
         if schedule:
             schedule.update_batch(outcomes, step.elapsed.get("draft", 0.0), step.elapsed["verify"])
         # Roll back rejected drafts (and anything after an EOS): each row's cache keeps its
@@ -433,11 +444,6 @@ def speculative_generate(model, draft, tokenizer, prompt, max_tokens: int, *, nu
             drafter.commit(prompt_ids[b] + outs[b], b)
         rows.rollback(lengths)
         for b in live:  # after the rollback: a stream sees the caches the step left
-            emit(b, new[b])
-        live = [b for b in live if reasons[b] is None]
-    results = []
-    for b in range(B):
-        stats[b].draft_calls = drafter.calls
-        stats[b].generated = len(outs[b])
-        results.append(Generation(outs[b], _decode(tokenizer, outs[b]), reasons[b], stats[b], prompt_ids[b]))
-    return results if batched else results[0]
+            run.emit(b, new[b])
+        live = run.live()
+    return run.results(drafter.calls)

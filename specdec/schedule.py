@@ -28,6 +28,7 @@ target's for any k, and the sampling rule is exact for any k.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from dataclasses import dataclass, field
 
 
@@ -146,19 +147,29 @@ class AdaptiveK:
                       for s in rows]
         if any(u is not None for u in unmeasured):  # nothing measured yet: start modestly
             return [(u or s[0], min(2, self.k_max)) if s else (None, 0) for s, u in zip(rows, unmeasured)]
-        names = sorted({n for s in rows for n in s}, key=lambda n: self.sources[n].t_draft)
-        tokens = {n: self.expected_tokens(n) for n in names}
-        best_rate, best = 0.0, [(s[0] if s else None, 0) for s in rows]
-        for k in range(self.k_max + 1):
-            for cap in names:
-                c = self.sources[cap].t_draft
-                plan = [max((n for n in s if self.sources[n].t_draft <= c), key=lambda n: tokens[n][k], default=None)
-                        for s in rows]
-                got = sum(tokens[n][k] if n else 1.0 for n in plan)
-                size = sum(k + 1 if n else 1 for n in plan)
+        cost = {n: self.sources[n].t_draft for s in rows for n in s}
+        tokens = {n: self.expected_tokens(n) for n in cost}
+        groups = Counter(rows)  # rows with the same sources choose alike: score each kind once
+        best_rate, best = 0.0, (0, None)
+        for cap in sorted(cost, key=cost.get):
+            c = cost[cap]
+            allowed = [([n for n in s if cost[n] <= c], w) for s, w in groups.items()]
+            for k in range(self.k_max + 1):
+                got = size = 0.0
+                for names, w in allowed:
+                    if names:
+                        got += w * max(tokens[n][k] for n in names)
+                        size += w * (k + 1)
+                    else:
+                        got += w
+                        size += w
                 rate = got / (k * c + self.pass_time(size))
                 if rate > best_rate:
-                    best_rate, best = rate, [(n, k) if n else (s[0] if s else None, 0) for n, s in zip(plan, rows)]
+                    best_rate, best = rate, (k, c)
+        k, c = best
+        plan = [max((n for n in s if cost[n] <= c), key=lambda n: tokens[n][k], default=None) if k else None
+                for s in rows]
+        best = [(n, k) if n else (s[0] if s else None, 0) for n, s in zip(plan, rows)]
         if all(k == 0 for _, k in best):  # plain decoding: count towards each source's next probe
             probing = []
             for name in dict.fromkeys(n for s in rows for n in s):

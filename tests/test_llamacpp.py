@@ -119,6 +119,11 @@ def test_bad_input(tmp_path, files, monkeypatch):
     target = load_model(files["target"][1], engine="llama.cpp")
     with pytest.raises(ValueError, match="context"):
         generate(target, None, [1] * 10, target.max_context)
+    # llama.cpp has sequence ids, but this engine runs one sequence: a batch is refused up front.
+    with pytest.raises(ValueError, match="runs one prompt at a time"):
+        generate(target, None, [[1, 2], [3]], 4)
+    with pytest.raises(ValueError, match="runs one prompt at a time"):
+        speculative_generate(target, NgramDrafter(), None, [[1, 2], [3]], 4)
     real_import = builtins.__import__
 
     def no_llama_cpp(name, *args, **kwargs):
