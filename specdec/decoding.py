@@ -14,6 +14,7 @@ from typing import Callable, Sequence
 
 import torch
 
+from .bridge import bridged, vocab_fingerprint
 from .drafters import Drafter, as_drafter
 from .models.base import LanguageModel, Rows, as_language_model
 from .schedule import AdaptiveK
@@ -39,6 +40,9 @@ class Stats:
     generated: new tokens returned.
     timings: seconds spent in the target prefill, in the drafter, and in target
         verification / decode passes ("prefill", "draft", "verify").
+    drafter: the drafter's own counts; a draft with another tokenizer (specdec.bridge)
+        reports "bridge_steps" (steps it proposed in) and "boundary_misses" (those whose
+        first rejected token read like the target's own text, cut at another place).
     """
 
     target_calls: int = 0
@@ -51,6 +55,7 @@ class Stats:
     proposed_at: list[int] = field(default_factory=list)  # steps that proposed >= i+1 tokens
     accepted_at: list[int] = field(default_factory=list)  # steps that accepted >= i+1 tokens
     timings: dict = field(default_factory=lambda: {"prefill": 0.0, "draft": 0.0, "verify": 0.0})
+    drafter: dict = field(default_factory=dict)
 
     @property
     def acceptance_rate(self) -> float:
@@ -179,20 +184,11 @@ def check_context(limit: int | None, who: str, n_prompt: int, max_tokens: int) -
                          f"{who}'s context of {limit} tokens")
 
 
-def _vocab_fingerprint(tokenizer) -> int:
-    # get_vocab() builds a 49k-entry dict (~30 ms): do it once per tokenizer object, not per call.
-    fingerprint = getattr(tokenizer, "_specdec_vocab_fingerprint", None)
-    if fingerprint is None:
-        fingerprint = hash(frozenset(tokenizer.get_vocab().items()))
-        tokenizer._specdec_vocab_fingerprint = fingerprint
-    return fingerprint
-
-
 def check_same_vocab(target: LanguageModel, drafter: Drafter, tokenizer) -> None:
     t_tok = target.tokenizer or tokenizer
     d_tok = drafter.tokenizer
     if t_tok is not None and d_tok is not None and t_tok is not d_tok:
-        if _vocab_fingerprint(t_tok) != _vocab_fingerprint(d_tok):
+        if vocab_fingerprint(t_tok) != vocab_fingerprint(d_tok):
             raise ValueError("the draft's tokenizer differs from the target's: speculative decoding "
                              "needs a shared vocabulary")
     if drafter.vocab_size is not None and drafter.vocab_size != target.vocab_size:
@@ -318,10 +314,11 @@ class _Run:
         if self.stream:
             self.stream(*((b, ids) if self.batched else (ids,)))
 
-    def results(self, draft_calls: int = 0) -> Generation | list[Generation]:
+    def results(self, drafter: Drafter | None = None) -> Generation | list[Generation]:
         gens = []
         for b in range(self.size):
-            self.stats[b].draft_calls = draft_calls
+            if drafter is not None:
+                self.stats[b].draft_calls, self.stats[b].drafter = drafter.calls, drafter.counters(b)
             self.stats[b].generated = len(self.outs[b])
             gens.append(Generation(self.outs[b], _decode(self.tokenizer, self.outs[b]), self.reasons[b],
                                    self.stats[b], self.prompt_ids[b]))
@@ -377,7 +374,7 @@ def speculative_generate(model, draft, tokenizer, prompt, max_tokens: int, *, nu
     plain decoding step, counted in `stats.plain_steps`) and the output is unchanged."""
     model = as_language_model(model, tokenizer)
     run = _Run(model, tokenizer, prompt, max_tokens, temperature, top_k, top_p, seed, chat, stream)
-    drafter = as_drafter(draft, tokenizer)
+    drafter = bridged(as_drafter(draft, tokenizer), model, tokenizer)  # another tokenizer: through text
     k = num_draft_tokens
     schedule = None
     if isinstance(k, AdaptiveK):
@@ -387,6 +384,7 @@ def speculative_generate(model, draft, tokenizer, prompt, max_tokens: int, *, nu
     elif not isinstance(k, int) or isinstance(k, bool) or k < 1:
         raise ValueError(f"num_draft_tokens must be an integer >= 1, 'auto' or an AdaptiveK, got {k!r}")
     check_same_vocab(model, drafter, tokenizer)
+    drafter.check_prompts(run.prompt_ids)
     if run.size > 1 and not drafter.batches:
         raise ValueError(f"the draft ({drafter!r}) runs one prompt at a time; batches need a draft on an engine "
                          "that batches (the native engine)")
@@ -446,4 +444,4 @@ def speculative_generate(model, draft, tokenizer, prompt, max_tokens: int, *, nu
         for b in live:  # after the rollback: a stream sees the caches the step left
             run.emit(b, new[b])
         live = run.live()
-    return run.results(drafter.calls)
+    return run.results(drafter)

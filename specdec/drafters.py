@@ -44,6 +44,13 @@ class Drafter:
     def prefill(self, prompts: list[list[int]]) -> None:
         pass
 
+    def check_prompts(self, prompts: list[list[int]]) -> None:
+        """Refuse prompts this drafter cannot work with, before any compute (a ValueError)."""
+
+    def counters(self, row: int = 0) -> dict:
+        """Counts of its own for a row's generation, reported in `Stats.drafter` (none here)."""
+        return {}
+
     def sources(self, ids: list[int], row: int = 0) -> tuple[str, ...]:
         """The proposers that could answer at this context, preferred first ("model",
         "lookup3" for a 3-gram match, ...; none: nothing to propose). `num_draft_tokens="auto"`
@@ -158,18 +165,20 @@ class ModelDrafter(Drafter):
         self.tokenizer = self.model.tokenizer or tokenizer
         self.batches = self.model.batches
         self._rows = Rows(self.model, 1, "the draft")
+        self.capacity = self.max_context
         self._seen: list[list[int]] = [[]]  # per row: tokens whose K/V are in the draft cache
         self._base = [0]  # per row: length of the accepted sequence at its last propose
 
     def begin(self, capacity: int, batch: int = 1) -> None:
         super().begin(capacity, batch)
         self._rows = Rows(self.model, batch, "the draft")
-        self._rows.reset(min(capacity, self.max_context))
+        self.capacity = min(capacity, self.max_context)
+        self._rows.reset(self.capacity)
         self._seen, self._base = [[] for _ in range(batch)], [0] * batch
 
     def room(self, ids: list[int]) -> int:
-        """How many tokens it can propose after `ids` within its context (<= 0: none)."""
-        return self.max_context + 1 - len(ids)
+        """How many tokens it can propose after `ids` within its context and cache (<= 0: none)."""
+        return min(self.max_context, self.capacity) + 1 - len(ids)
 
     def sources(self, ids, row=0):
         return ("model",) if self.room(ids) > 0 else ()
@@ -192,7 +201,8 @@ class ModelDrafter(Drafter):
             self._forward(blocks, last_only=True)
             self.seconds += time.perf_counter() - start
 
-    def propose_rows(self, requests, params, generators):
+    def propose_rows(self, requests, params, generators, first: dict | None = None):
+        """first[row] (optional): the token ids the row's first proposal must be one of."""
         out = {row: ([], None) for row in requests}
         ks = {row: min(k, self.room(ids)) for row, (ids, k, _) in requests.items()}
         ks = {row: k for row, k in ks.items() if k > 0}
@@ -214,6 +224,8 @@ class ModelDrafter(Drafter):
         for i in range(max(ks.values())):
             going = {}
             for row, x in logits.items():
+                if i == 0 and first and row in first:
+                    x = torch.full_like(x, -torch.inf).index_copy_(-1, first[row], x[first[row]])
                 q = None if params.greedy else logits_to_probs(x, params)
                 if self.min_confidence and float((x.softmax(-1) if q is None else q).max()) < self.min_confidence:
                     continue  # this row's block ends here
@@ -234,9 +246,14 @@ class ModelDrafter(Drafter):
 
     def commit(self, ids, row=0):
         # Everything up to the last propose's sequence was accepted already; check the drafts.
+        self.keep_prefix(ids, row, self._base[row])
+
+    def keep_prefix(self, ids, row=0, start=0):
+        """Roll row's cache back to the longest prefix it shares with `ids`, short of ids' last
+        token (the next propose runs that one for its logits); `start`: a length known shared."""
         seen = self._seen[row]
         limit = min(len(seen), len(ids) - 1)
-        keep = min(self._base[row], limit)
+        keep = min(start, limit)
         while keep < limit and seen[keep] == ids[keep]:
             keep += 1
         lengths = self._rows.lengths
@@ -277,6 +294,12 @@ class CompositeDrafter(Drafter):
     def prefill(self, prompts):
         self.model.prefill(prompts)
         self.calls, self.seconds = self.model.calls, self.model.seconds
+
+    def check_prompts(self, prompts):
+        self.model.check_prompts(prompts)
+
+    def counters(self, row=0):
+        return self.model.counters(row)
 
     def sources(self, ids, row=0):
         # Past the model's context the lookup goes on alone.

@@ -32,7 +32,7 @@ def _stats_dict(s) -> dict:
     return {"target_calls": s.target_calls, "draft_calls": s.draft_calls, "drafted": s.drafted,
             "accepted": s.accepted, "rejections": s.rejections, "plain_steps": s.plain_steps,
             "generated": s.generated, "proposed_at": list(s.proposed_at), "accepted_at": list(s.accepted_at),
-            "timings": dict(s.timings)}
+            "timings": dict(s.timings), "drafter": dict(s.drafter)}
 
 
 class Method:

@@ -90,6 +90,7 @@ OVERALL = [  # (column, key in method["overall"], format, unit)
     ("acceptance", "acceptance_rate", ".3f", ""), ("alpha", "alpha", ".3f", ""), ("tokens/target call", "tokens_per_target_call", ".2f", ""),
     ("drafted/step", "mean_drafted_per_step", ".2f", ""), ("draft time share", "draft_time_share", ".1%", ""),
     ("c", "cost_ratio_c", ".4f", ""), ("verify cost", "verify_cost", ".2f", ""),
+    ("lost at token boundaries", "boundary_loss_share", ".1%", ""),
     ("predicted", "predicted_speedup", ".2f", "x")]
 DEFINITIONS = [
     "- **speedup**: per-prompt paired ratio (baseline ms/token / method ms/token), geometric mean over prompts, "
@@ -100,7 +101,9 @@ DEFINITIONS = [
     "accepted drafts / drafted tokens. **drafted/step**: drafts per verification pass. **draft time share**: "
     "drafter time / total time.",
     "- **c**: draft forward time / target forward time (model-free drafters: drafting time per proposal slot). "
-    "**verify cost**: target time for k+1 tokens / for 1 token. `–`: not measured for this method.", ""]
+    "**verify cost**: target time for k+1 tokens / for 1 token. **lost at token boundaries** (a draft with "
+    "another tokenizer): steps whose first rejected token read like the target's own text, cut at another place, "
+    "over the steps it proposed in. `–`: not measured for this method.", ""]
 
 
 def _md_header(report: dict) -> list[str]:

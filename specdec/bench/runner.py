@@ -25,7 +25,7 @@ import torch
 from .. import __version__
 from ..drafters import CompositeDrafter, ModelDrafter, NgramDrafter
 from ..models import kernel
-from ..models.loading import DEFAULT_MODEL, hf_checkpoint, load_model, resolve_dtype
+from ..models.loading import DEFAULT_MODEL, LLAMA_CPP_ONLY, hf_checkpoint, load_model, resolve_dtype
 from ..schedule import AdaptiveK
 from . import methods as M
 from .ceiling import ceilings
@@ -322,10 +322,13 @@ def _run(cfg: BenchConfig, progress: bool, log) -> dict:
         draft_model = load_model(cfg.draft, dtype=dtype, device=cfg.device, engine=cfg.engine)
         load_s["draft"] = time.perf_counter() - t0
     hf = hf_draft = None
-    if cfg.peers and not cfg.batch_sizes:
+    if cfg.peers and not cfg.batch_sizes and cfg.model in LLAMA_CPP_ONLY:
+        log(f"transformers peers skipped: {cfg.model} has no transformers checkpoint here")
+    elif cfg.peers and not cfg.batch_sizes:
         t0 = time.perf_counter()
         hf = load_hf(cfg.model, dtype, cfg.device)
-        hf_draft = load_hf(cfg.draft, dtype, cfg.device) if cfg.draft else None
+        # (A draft only llama.cpp runs has no transformers form: the assisted peers then skip.)
+        hf_draft = load_hf(cfg.draft, dtype, cfg.device) if cfg.draft and cfg.draft not in LLAMA_CPP_ONLY else None
         load_s["transformers"] = time.perf_counter() - t0
 
     log(f"rendering {len(prompts)} prompts ...")
@@ -406,7 +409,11 @@ def _spec_metrics(rows: list[dict]) -> dict:
     drafted, acc, rejections = total("drafted"), total("accepted"), total("rejections")
     steps = total("target_calls") - len(st)  # verification passes (prefills excluded)
     draft_s = sum(s["timings"]["draft"] for s in st)
-    return {
+    bridged = sum(s.get("drafter", {}).get("bridge_steps", 0) for s in st)
+    extra = {}
+    if bridged:  # a draft with another tokenizer: the share of its steps lost at a token boundary
+        extra["boundary_loss_share"] = sum(s["drafter"]["boundary_misses"] for s in st) / bridged
+    return extra | {
         "acceptance_rate": acc / drafted if drafted else math.nan,
         # MLE of Leviathan's per-token acceptance probability: each step accepts a geometric
         # run of drafts, ended by a rejection or by running out of drafts.

