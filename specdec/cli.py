@@ -81,17 +81,18 @@ def resolve_draft(args) -> str:
 def make_drafter(spec: str, target, dtype, min_confidence: float = 0.0, engine: str = "native"):
     """--draft: 'ngram', 'none', a model name/path, or 'composite:MODEL' (lookup, else the model)."""
     from .drafters import CompositeDrafter, ModelDrafter, NgramDrafter
-    from .models.loading import load_model
+    from .models.loading import default_engine, load_model
 
     if spec == "none":
         return None
     if spec == "ngram":
         return NgramDrafter()
+    name = spec.removeprefix("composite:")
+    # A draft only llama.cpp runs (gemma-3-270m) runs there whatever the target's engine.
+    model = load_model(name, dtype=dtype, device=target.device, engine=default_engine(name, engine))
     if spec.startswith("composite:"):
-        model = load_model(spec.removeprefix("composite:"), dtype=dtype, device=target.device, engine=engine)
         return CompositeDrafter(model, min_confidence=min_confidence)
-    return ModelDrafter(load_model(spec, dtype=dtype, device=target.device, engine=engine),
-                        min_confidence=min_confidence)
+    return ModelDrafter(model, min_confidence=min_confidence)
 
 
 def _confidence(text: str) -> float:

@@ -23,9 +23,10 @@ from pathlib import Path
 import torch
 
 from .. import __version__
+from ..bridge import needs_bridge
 from ..drafters import CompositeDrafter, ModelDrafter, NgramDrafter
 from ..models import kernel
-from ..models.loading import DEFAULT_MODEL, LLAMA_CPP_ONLY, hf_checkpoint, load_model, resolve_dtype
+from ..models.loading import DEFAULT_MODEL, LLAMA_CPP_ONLY, default_engine, hf_checkpoint, load_model, resolve_dtype
 from ..schedule import AdaptiveK
 from . import methods as M
 from .ceiling import ceilings
@@ -319,7 +320,7 @@ def _run(cfg: BenchConfig, progress: bool, log) -> dict:
     draft_model = None
     if cfg.draft:
         t0 = time.perf_counter()
-        draft_model = load_model(cfg.draft, dtype=dtype, device=cfg.device, engine=cfg.engine)
+        draft_model = load_model(cfg.draft, dtype=dtype, device=cfg.device, engine=default_engine(cfg.draft, cfg.engine))
         load_s["draft"] = time.perf_counter() - t0
     hf = hf_draft = None
     if cfg.peers and not cfg.batch_sizes and cfg.model in LLAMA_CPP_ONLY:
@@ -365,8 +366,11 @@ def _run(cfg: BenchConfig, progress: bool, log) -> dict:
     report = aggregate(cfg, prompts, methods, records, costs, cold, target)
     if cfg.temperature == 0:  # the replay needs the target's greedy output
         outputs = {r["prompt"]: r["tokens"] for r in records if r["method"] == "normal" and r["trial"] == 0}
-        report["ceilings"] = ceilings(prompts, outputs, max([AdaptiveK().k_max, *cfg.fixed_ks]),
-                                      ModelDrafter(draft_model) if draft_model is not None else None)
+        # The replay feeds the draft target ids: not for a draft with another tokenizer.
+        replayed = ModelDrafter(draft_model) if draft_model is not None else None
+        if replayed is not None and needs_bridge(target, replayed, target.tokenizer):
+            replayed = None
+        report["ceilings"] = ceilings(prompts, outputs, max([AdaptiveK().k_max, *cfg.fixed_ks]), replayed)
     report.update(schema=SCHEMA, environment=environment(cfg, dtype), config=asdict(cfg), load_seconds=load_s)
     return report
 

@@ -83,9 +83,9 @@ def assembled_gguf(name: str) -> Path:
     return parts.assemble(output_path=cache_dir() / "gguf-assembled" / parts.MODEL_NAME)
 
 
-def default_engine(name_or_path) -> str:
-    """The engine a model runs on unless told otherwise: native, except where only llama.cpp can."""
-    return "llama.cpp" if str(name_or_path) in LLAMA_CPP_ONLY else "native"
+def default_engine(name_or_path, engine: str = "native") -> str:
+    """The engine a model runs on: `engine`, except where only llama.cpp can run it."""
+    return "llama.cpp" if str(name_or_path) in LLAMA_CPP_ONLY else engine
 
 
 # Bumped whenever what a GGUF conversion writes changes (2: config.json names its
