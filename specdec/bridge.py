@@ -123,8 +123,15 @@ class TextBridge(Drafter):
         self.calls, self.seconds = self.inner.calls, self.inner.seconds
 
     def sources(self, ids, row=0):
-        ctx, pending = self._context(ids, row)
-        return ("model",) if pending is not None and self.inner.room(ctx) > 1 else ()
+        # Without encoding the text (a step that `auto` makes a plain one should not pay for
+        # it): the draft context's length is at most the last one plus a few draft tokens per
+        # target token since. propose() then encodes, and proposes nothing where it must not.
+        memo = self._memo.get(row)
+        if memo is None:
+            ctx_len = len(self._context(ids, row)[0])
+        else:
+            ctx_len = len(memo[2][0]) + 4 * (len(ids) - memo[1])
+        return ("model",) if self.inner.room_after(ctx_len) > 1 else ()
 
     def propose_rows(self, requests, params, generators):
         asks, pendings, first = {}, {}, {}

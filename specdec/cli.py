@@ -104,10 +104,13 @@ def _confidence(text: str) -> float:
 
 def check_draft_exists(spec: str) -> None:
     """Fail on a missing draft path before spending seconds loading the target."""
-    from .models.loading import hf_checkpoint
+    from .models.loading import LLAMA_CPP_ONLY, assembled_gguf, hf_checkpoint
 
-    if spec not in ("ngram", "none"):
-        hf_checkpoint(spec.removeprefix("composite:"))
+    name = spec.removeprefix("composite:")
+    if name in LLAMA_CPP_ONLY:
+        assembled_gguf(name)  # its package is installed (else a one-line error naming it)
+    elif spec not in ("ngram", "none"):
+        hf_checkpoint(name)
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:

@@ -178,7 +178,10 @@ class ModelDrafter(Drafter):
 
     def room(self, ids: list[int]) -> int:
         """How many tokens it can propose after `ids` within its context and cache (<= 0: none)."""
-        return min(self.max_context, self.capacity) + 1 - len(ids)
+        return self.room_after(len(ids))
+
+    def room_after(self, n: int) -> int:
+        return min(self.max_context, self.capacity) + 1 - n
 
     def sources(self, ids, row=0):
         return ("model",) if self.room(ids) > 0 else ()
