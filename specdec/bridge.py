@@ -36,6 +36,9 @@ from .drafters import CompositeDrafter, Drafter, ModelDrafter
 from .sampling import SamplingParams
 
 GREEDY = SamplingParams(0.0)
+# Draft tokens per target token of the same text, at most (for sizing the draft's cache and
+# bounding its context without encoding; past that bound the draft just stops proposing).
+DRAFT_PER_TARGET = 4
 
 
 def token_texts(tokenizer) -> tuple[list[str], list[int]]:
@@ -82,9 +85,7 @@ class TextBridge(Drafter):
         super().begin(capacity, batch)
         self._memo, self._proposed = {}, {}
         self.steps, self.boundary_misses = {}, {}
-        # The draft's context counts its own tokens; a text of n target tokens is rarely more
-        # than a few times as many draft tokens.
-        self.inner.begin(4 * capacity + 8, batch)
+        self.inner.begin(DRAFT_PER_TARGET * capacity + 8, batch)  # its context counts its own tokens
 
     def text(self, ids) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
@@ -130,7 +131,7 @@ class TextBridge(Drafter):
         if memo is None:
             ctx_len = len(self._context(ids, row)[0])
         else:
-            ctx_len = len(memo[2][0]) + 4 * (len(ids) - memo[1])
+            ctx_len = len(memo[2][0]) + DRAFT_PER_TARGET * (len(ids) - memo[1])
         return ("model",) if self.inner.room_after(ctx_len) > 1 else ()
 
     def propose_rows(self, requests, params, generators):

@@ -198,7 +198,7 @@ class ModelDrafter(Drafter):
         # Read each prompt once, up front, so that no proposal (and no cost estimate of
         # `num_draft_tokens="auto"`) carries it. A prompt past its context is never read:
         # sources() is empty for that row from the start.
-        blocks = {b: p for b, p in enumerate(prompts) if len(p) <= self.max_context}
+        blocks = {b: p for b, p in enumerate(prompts) if self.room(p) > 0}
         if blocks:
             start = time.perf_counter()
             self._forward(blocks, last_only=True)
