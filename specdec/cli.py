@@ -244,10 +244,10 @@ def _explain_divergence(normal, spec, target, args) -> str:
     return f"  they part at new token {j}: {why}, so {verdict}"
 
 
-def _batch_sizes(text: str) -> list[int]:
+def _positive_ints(text: str) -> list[int]:
     values = [_positive_int(v.strip()) for v in text.split(",") if v.strip()]
     if not values:
-        raise argparse.ArgumentTypeError("expected a comma-separated list of batch sizes, e.g. 1,2,4,8,16")
+        raise argparse.ArgumentTypeError("expected a comma-separated list of positive integers, e.g. 1,4,16")
     return values
 
 
@@ -262,7 +262,7 @@ def cmd_bench(args) -> int:
     from .bench.report import print_summary, write_report
     from .bench.runner import BenchConfig, run_benchmark
 
-    draft = draft_model_arg(args)
+    draft = None if args.endpoint else draft_model_arg(args)  # endpoints: the servers hold the models
     if draft is not None and not args.no_draft:
         check_draft_exists(draft)
     options = dict(model=args.model, engine=args.engine, draft=None if args.no_draft else draft,
@@ -270,7 +270,9 @@ def cmd_bench(args) -> int:
                    prompts=args.prompts, categories=args.categories.split(",") if args.categories else None,
                    per_category=args.per_category, max_tokens=args.max_tokens, trials=args.trials, ks=args.ks,
                    peers=not args.no_peers, llama_cpp_peers=not args.no_llama_cpp, temperature=args.temperature,
-                   top_k=args.top_k, top_p=args.top_p, batch_sizes=args.batch_sizes)
+                   top_k=args.top_k, top_p=args.top_p, batch_sizes=args.batch_sizes, endpoints=args.endpoint,
+                   concurrency=args.concurrency, ignore_eos=args.ignore_eos or None,
+                   request_timeout=args.request_timeout)
     cfg = BenchConfig.quick_config(**options) if args.quick else BenchConfig(
         **{k: v for k, v in options.items() if v is not None})
     cfg.validate()
@@ -355,9 +357,19 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--no-peers", action="store_true", help="skip transformers' generate / assisted / prompt lookup")
     b.add_argument("--no-llama-cpp", action="store_true", help="skip llama.cpp's own generation (run by default, "
                    "greedy on a CPU, where llama-cpp-python is installed)")
-    b.add_argument("--batch-sizes", type=_batch_sizes, default=None, help="run the batched study instead: "
+    b.add_argument("--batch-sizes", type=_positive_ints, default=None, help="run the batched study instead: "
                    "plain and speculative decoding of the prompts in batches of each size, e.g. 1,2,4,8,16 "
                    "(throughput, per-request latency, verify costs, the crossover)")
+    b.add_argument("--endpoint", action="append", default=None, metavar="NAME=URL", help="benchmark a serving "
+                   "endpoint (OpenAI-compatible, e.g. llama-server, vLLM, SGLang) instead of local models; repeat "
+                   "to compare deployments, e.g. --endpoint plain=http://127.0.0.1:8080 --endpoint spec=http://...:8081 "
+                   "(the first is the baseline)")
+    b.add_argument("--concurrency", type=_positive_ints, default=None, help="with --endpoint: requests in flight, "
+                   "per level, e.g. 1,4,16 (default 1)")
+    b.add_argument("--ignore-eos", action="store_true", help="with --endpoint: ask the servers to write max-tokens "
+                   "tokens every time (ignore_eos)")
+    b.add_argument("--request-timeout", type=_float, default=None, help="with --endpoint: seconds per request "
+                   "(default 300)")
     b.add_argument("--quick", action="store_true", help="a smoke run: one prompt per category, short outputs")
     b.add_argument("--out", default="bench-out", help="directory for report.json, report.md and plots")
     b.set_defaults(func=cmd_bench)

@@ -293,8 +293,64 @@ def _md_batched(report: dict) -> list[str]:
     return lines
 
 
+def _ms(x) -> str:
+    return _fmt(None if _num(x) is None else 1000 * x, ".1f")
+
+
+def _serving_rows(report: dict) -> list[list[str]]:
+    s = report["serving"]
+    rows = []
+    for level, by in s["levels"].items():
+        for e in s["endpoints"]:
+            v = by.get(e["name"]) or {}
+            spec = v.get("speculation") or {}
+            rt = v.get("response_timings") or {}
+            acc = spec.get("acceptance_rate", rt.get("acceptance_rate"))
+            rows.append([level, e["name"], _fmt(v.get("throughput_tokens_per_s"), ".1f"),
+                         _ms(_get(v, "ttft", "p50")), _ms(_get(v, "ttft", "p90")), _ms(_get(v, "tpot", "p50")),
+                         _ms(_get(v, "tpot", "p90")), _ms(_get(v, "itl", "p50")), _ms(_get(v, "seconds", "p50")),
+                         _ms(_get(v, "seconds", "p90")), _fmt(acc, ".3f") if _num(acc) is not None else "n/a",
+                         _fmt(spec.get("mean_acceptance_length"), ".2f") if spec else "n/a",
+                         f"{len(v.get('errors') or [])}/{v.get('requests', 0)}"])
+    return rows
+
+
+SERVING_HEADER = ["concurrency", "endpoint", "tok/s (all requests)", "TTFT p50 ms", "p90", "TPOT p50 ms", "p90",
+                  "inter-chunk p50 ms", "end-to-end p50 ms", "p90", "acceptance", "mean acceptance length",
+                  "errors"]
+
+
+def _md_serving(report: dict) -> list[str]:
+    s = report["serving"]
+    lines = ["## Serving endpoints", ""] + _table(
+        ["endpoint", "URL", "model", "server"], [[e["name"], e["url"], e["model"] or DASH, e["kind"]]
+                                                  for e in s["endpoints"]])
+    for name, p in s["paired"].items():
+        lines.append(f"- **{name}** over **{p['baseline']}** at concurrency {p['concurrency']}, end-to-end time per "
+                     f"token paired per prompt: {_speedup(p['speedup'])}")
+    lines += [""] + _table(SERVING_HEADER, _serving_rows(report))
+    lines += ["- TTFT: time to the first content chunk. **TPOT**: (end − TTFT) / (completion_tokens − 1), "
+              "completion_tokens from the stream's `usage`. **Inter-chunk**: time between content chunks, kept "
+              "apart from TPOT: vLLM and SGLang send a verification step's tokens as one chunk, llama-server one "
+              "chunk per token. **acceptance**, **mean acceptance length** (1 + accepted / drafts): from the "
+              "server's own counters, as deltas around the timed requests (vLLM `vllm:spec_decode_*`, "
+              "llama-server `llamacpp:spec_decode_*` with `--metrics`; else llama-server's per-response "
+              "`timings`); n/a where the server offers none. **errors**: failed requests / all, kept per request "
+              f"in `report.json`. Prompt-cached tokens over all requests: "
+              f"{', '.join(str(sum(v.get('cached_tokens', 0) for v in by.values())) for by in s['levels'].values())} "
+              "(per level; should be 0).", ""]
+    errors = [(level, name, err) for level, by in s["levels"].items() for name, v in by.items()
+              for err in (v.get("errors") or [])[:3]]
+    if errors:
+        lines += ["Errors (first three per endpoint and level):", ""] + [
+            f"- concurrency {level}, {name}: {err}" for level, name, err in errors] + [""]
+    return lines
+
+
 def _markdown(report: dict, plots: dict[str, tuple[bool, str | None]]) -> str:
-    if "batched" in report:
+    if "serving" in report:
+        lines = _md_header(report) + _md_serving(report) + ["## Plots", ""]
+    elif "batched" in report:
         lines = _md_header(report) + _md_batched(report) + ["## Plots", ""]
     else:
         lines = (_md_header(report) + _md_tables(report) + _md_ceilings(report) + _md_mismatches(report)
@@ -426,9 +482,28 @@ def _plot_batch_scaling(report, fig, ax):
                       fontsize=7, color="0.3")
 
 
+def _plot_serving(report, fig, ax):
+    s = report["serving"]
+    fig.delaxes(ax)
+    left, right = fig.subplots(1, 2)
+    levels = [int(x) for x in s["levels"]]
+    for i, e in enumerate(s["endpoints"]):
+        vs = [s["levels"][str(c)].get(e["name"]) or {} for c in levels]
+        style = dict(marker="o", color=f"C{i}", label=e["name"])
+        left.plot(levels, [_num(v.get("throughput_tokens_per_s")) or np.nan for v in vs], **style)
+        right.plot(levels, [1000 * (_num(_get(v, "tpot", "p50")) or np.nan) for v in vs], **style)
+    for ax_ in (left, right):
+        ax_.set_xscale("log", base=2)
+        ax_.set_xticks(levels, [str(c) for c in levels])
+    left.set(title="Throughput (output tokens/s, all requests)", xlabel="requests in flight", ylabel="tokens/s")
+    right.set(title="Per-request TPOT (median)", xlabel="requests in flight", ylabel="ms per output token")
+    right.legend(fontsize=7)
+
+
 PLOTS = {"speedup_by_category": _plot_speedup_by_category, "acceptance_by_position": _plot_acceptance_by_position,
          "speedup_vs_k": _plot_speedup_vs_k, "break_even": _plot_break_even}
 BATCH_PLOTS = {"batch_scaling": _plot_batch_scaling}
+SERVING_PLOTS = {"serving_load": _plot_serving}
 
 
 def write_plots(report: dict, out: Path) -> dict[str, tuple[bool, str | None]]:
@@ -437,8 +512,9 @@ def write_plots(report: dict, out: Path) -> dict[str, tuple[bool, str | None]]:
     from matplotlib.figure import Figure
 
     result = {}
-    for name, draw in (BATCH_PLOTS if "batched" in report else PLOTS).items():
-        path, fig = Path(out) / f"{name}.png", Figure(figsize=(12, 4.5) if name in BATCH_PLOTS else (9, 5))
+    chosen = SERVING_PLOTS if "serving" in report else BATCH_PLOTS if "batched" in report else PLOTS
+    for name, draw in chosen.items():
+        path, fig = Path(out) / f"{name}.png", Figure(figsize=(9, 5) if chosen is PLOTS else (12, 4.5))
         FigureCanvasAgg(fig)
         try:
             note = draw(report, fig, fig.add_subplot())
@@ -462,6 +538,14 @@ def write_report(report: dict, out: Path) -> None:
 def print_summary(report: dict, file=None) -> None:
     """An aligned table on stdout: rich when installed (plain text in a pipe or log), else padded columns."""
     file = file or sys.stdout
+    if "serving" in report:
+        keep = [0, 1, 2, 3, 5, 7, 8, 10, 12]
+        _print_table([SERVING_HEADER[i] for i in keep], [[r[i] for i in keep] for r in _serving_rows(report)],
+                     report, file)
+        for name, p in report["serving"]["paired"].items():
+            print(f"{name} over {p['baseline']} (concurrency {p['concurrency']}, per prompt): "
+                  f"{_speedup(p['speedup'])}", file=file)
+        return
     if "batched" in report:
         header = BATCH_HEADER[:5] + ["acceptance", "drafts/row/step"]
         _print_table(header, [r[:5] + r[6:8] for r in _batch_rows(report)], report, file)

@@ -58,6 +58,11 @@ class BenchConfig:
     llama_cpp_peers: bool = True  # llama.cpp's own generation (and, on that engine, its prompt lookup), if installed
     min_confidence: float = 0.0  # > 0: also the draft model with this confidence stop ("draft-stop")
     batch_sizes: list[int] | None = None  # run the batched study (bench/batched.py) at these B instead
+    # Serving endpoints (bench/serving.py) instead of local models: "NAME=URL" each.
+    endpoints: list[str] | None = None
+    concurrency: list[int] = field(default_factory=lambda: [1])  # requests in flight, per level
+    ignore_eos: bool = False  # fix the output length at max_tokens, where the server supports it
+    request_timeout: float = 300.0  # seconds, per request
     quick: bool = False
 
     @classmethod
@@ -89,6 +94,17 @@ class BenchConfig:
             if self.engine != "native":
                 raise ValueError(f"batch sizes need an engine that batches (native), not {self.engine}")
             self.batch_sizes = sorted(set(self.batch_sizes))
+        if self.endpoints is not None:
+            from .serving import parse_endpoint
+
+            names = [parse_endpoint(e).name for e in self.endpoints]
+            if not names or len(set(names)) != len(names):
+                raise ValueError(f"endpoint names must be given and distinct, got {names}")
+        if not self.concurrency or any(not isinstance(c, int) or isinstance(c, bool) or c < 1 for c in self.concurrency):
+            raise ValueError(f"concurrency levels must be integers >= 1, got {self.concurrency}")
+        self.concurrency = sorted(set(self.concurrency))
+        if not self.request_timeout > 0:
+            raise ValueError(f"request timeout must be > 0 seconds, got {self.request_timeout}")
         if self.threads is not None and self.threads < 1:
             raise ValueError(f"threads must be >= 1, got {self.threads}")
         from ..decoding import check_sampling
@@ -132,7 +148,7 @@ def environment(cfg: BenchConfig, dtype) -> dict:
     return {
         "cpu": cpu, "cpu_count": os.cpu_count(), "threads": torch.get_num_threads(),
         "gpu": torch.cuda.get_device_name(0) if cfg.device.startswith("cuda") else None,
-        "device": cfg.device, "dtype": str(dtype).replace("torch.", ""),
+        "device": cfg.device, "dtype": None if dtype is None else str(dtype).replace("torch.", ""),
         "python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
         "engine": cfg.engine, "llama_cpp_python": _version_of("llama-cpp-python"),
         "native_kernel": kernel.isa() if (cfg.engine, dtype, cfg.device) == ("native", torch.bfloat16, "cpu") else None,
@@ -304,6 +320,11 @@ def _run(cfg: BenchConfig, progress: bool, log) -> dict:
 
     cfg.validate()
     prompts = load_suite(cfg.prompts, cfg.categories, cfg.per_category)
+    if cfg.endpoints:  # nothing local: the servers run the models
+        from .serving import run_endpoints
+
+        return {"schema": SCHEMA, "serving": run_endpoints(cfg, prompts, log),
+                "environment": environment(cfg, None), "config": asdict(cfg)}
     if cfg.batch_sizes and len(prompts) < max(cfg.batch_sizes):
         raise ValueError(f"batch size {max(cfg.batch_sizes)} needs at least as many prompts; the selection has "
                          f"{len(prompts)}")

