@@ -323,7 +323,7 @@ def _run(cfg: BenchConfig, progress: bool, log) -> dict:
     if cfg.endpoints:  # nothing local: the servers run the models
         from .serving import run_endpoints
 
-        return {"schema": SCHEMA, "serving": run_endpoints(cfg, prompts, log),
+        return {"schema": SCHEMA, "serving": run_endpoints(cfg, prompts, progress, log),
                 "environment": environment(cfg, None), "config": asdict(cfg)}
     if cfg.batch_sizes and len(prompts) < max(cfg.batch_sizes):
         raise ValueError(f"batch size {max(cfg.batch_sizes)} needs at least as many prompts; the selection has "

@@ -20,7 +20,8 @@ Pitfalls handled: `cache_prompt: false` for llama-server, and each trial's promp
 distinct (a trial tag in front), so no prompt cache flatters a repeated run (`cached_tokens`
 is summed and reported); endpoints interleaved per prompt at concurrency 1 and in rotating
 order per level; a warm-up request per endpoint; timeouts and server errors kept per request;
-a dead URL refused with a one-line error before anything runs.
+a dead URL refused with a one-line error before anything runs. Every request opens its own
+connection (TTFT includes connecting), since servers close kept-alive ones at will.
 """
 from __future__ import annotations
 
@@ -198,10 +199,13 @@ def summarize_level(results: list[dict], wall: float, spec: dict | None) -> dict
     return out
 
 
-async def _run(endpoints, prompts, cfg, log) -> dict:
+async def _run(endpoints, prompts, cfg, log, progress: bool) -> dict:
     import httpx
+    from tqdm.auto import tqdm
 
-    limits = httpx.Limits(max_connections=max(cfg.concurrency) * len(endpoints) + 4)
+    # A fresh connection per request: a server may close a kept-alive one between requests
+    # (llama-server's HTTP library does after five), and a POST on it then fails unanswered.
+    limits = httpx.Limits(max_connections=max(cfg.concurrency) * len(endpoints) + 4, max_keepalive_connections=0)
     async with httpx.AsyncClient(limits=limits) as http:
         clients = [Client(ep, http, cfg.request_timeout) for ep in endpoints]
         for c in clients:  # a dead URL fails here, before anything is timed
@@ -212,6 +216,8 @@ async def _run(endpoints, prompts, cfg, log) -> dict:
         for c in clients:  # warm-up: outside the counters' window and the timings
             await c.complete([{"role": "user", "content": "Hello."}], min(cfg.max_tokens, 8), cfg.temperature, 0, False)
         levels, records = {}, []
+        bar = tqdm(total=len(cfg.concurrency) * cfg.trials * len(prompts) * len(clients), desc="bench (endpoints)",
+                   unit="request", disable=not progress)
         for level in cfg.concurrency:
             results = {c.ep.name: [] for c in clients}
             walls = {c.ep.name: 0.0 for c in clients}
@@ -226,6 +232,7 @@ async def _run(endpoints, prompts, cfg, log) -> dict:
                             r = await c.complete(messages, **sp)
                             results[c.ep.name].append(r | {"prompt": prompts[i].id, "trial": trial})
                             walls[c.ep.name] += r["seconds"]
+                            bar.update()
                 else:  # each endpoint under `level` requests in flight, in rotating order per trial
                     shift = trial % len(clients)
                     for c in clients[shift:] + clients[:shift]:
@@ -233,11 +240,12 @@ async def _run(endpoints, prompts, cfg, log) -> dict:
 
                         async def one(i, messages, c=c, gate=gate):
                             async with gate:
-                                return (await c.complete(messages, **sp)) | {"prompt": prompts[i].id, "trial": trial}
+                                r = await c.complete(messages, **sp)
+                            bar.update()
+                            return r | {"prompt": prompts[i].id, "trial": trial}
                         t0 = time.perf_counter()
                         results[c.ep.name] += await asyncio.gather(*(one(i, m) for i, m in enumerate(tagged)))
                         walls[c.ep.name] += time.perf_counter() - t0
-                log(f"  concurrency {level}, trial {trial + 1}/{cfg.trials} done")
             after = {c.ep.name: await c.metrics() for c in clients}
             levels[str(level)] = {c.ep.name: summarize_level(results[c.ep.name], walls[c.ep.name],
                                                              speculation_from_counters(before[c.ep.name],
@@ -245,6 +253,7 @@ async def _run(endpoints, prompts, cfg, log) -> dict:
                                   for c in clients}
             records += [{k: v for k, v in r.items() if k != "chunks"} | {"endpoint": name, "concurrency": level}
                         for name, rs in results.items() for r in rs]
+        bar.close()
         return {"endpoints": [{"name": c.ep.name, "url": c.ep.url, "model": c.ep.model, "kind": c.kind}
                               for c in clients],
                 "levels": levels, "paired": paired(records, [c.ep.name for c in clients], min(cfg.concurrency)),
@@ -271,5 +280,5 @@ def paired(records: list[dict], names: list[str], level: int) -> dict:
     return out
 
 
-def run_endpoints(cfg, prompts, log=print) -> dict:
-    return asyncio.run(_run([parse_endpoint(e) for e in cfg.endpoints], prompts, cfg, log))
+def run_endpoints(cfg, prompts, progress=True, log=print) -> dict:
+    return asyncio.run(_run([parse_endpoint(e) for e in cfg.endpoints], prompts, cfg, log, progress))
