@@ -1,6 +1,6 @@
 """`specdec bench --endpoint`: serving endpoints benchmarked over HTTP, against real
-llama-server processes (plain, and speculative with the shipped draft) started on 127.0.0.1
-by the tests and stopped after them."""
+llama-server processes started on 127.0.0.1 by the tests and stopped after them: plain, with
+its n-gram speculation, and with the shipped draft as GGUF (-md)."""
 from __future__ import annotations
 
 import json
@@ -60,9 +60,12 @@ def servers():
     try:
         plain, plain_url = start(["-m", str(target)])
         procs.append(plain)
+        ngram, ngram_url = start(["-m", str(target), "--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", "3",
+                                  "--spec-ngram-simple-size-m", "8"])  # a 3-gram lookup, as ours
+        procs.append(ngram)
         spec, spec_url = start(["-m", str(target), "-md", str(draft), "--spec-type", "draft-simple", "-td", "1"])
         procs.append(spec)
-        yield {"plain": plain_url, "spec": spec_url}
+        yield {"plain": plain_url, "ngram": ngram_url, "spec": spec_url}
     finally:
         for p in procs:
             p.terminate()
@@ -72,7 +75,10 @@ def servers():
 PROMPTS = [{"id": "a", "category": "qa", "turns": ["Name three colours."]},
            {"id": "b", "category": "summarization", "turns": ["Summarize: The council kept the old bridge open to "
                                                               "cyclists while a new one is built upstream."]},
-           {"id": "c", "category": "coding", "turns": ["Write a Python function that adds two numbers."]}]
+           {"id": "c", "category": "coding", "turns": ["Write a Python function that adds two numbers."]},
+           # repeats, for the n-gram server to find something to copy
+           {"id": "d", "category": "rag", "turns": ["Repeat this line three times: the quick brown fox jumps over "
+                                                    "the lazy dog."]}]
 
 
 def run(capsys, *argv):
@@ -84,17 +90,25 @@ def run(capsys, *argv):
     return rc, out, err
 
 
+def counters(url: str) -> dict:
+    from specdec.bench.serving import parse_metrics
+
+    return parse_metrics(urllib.request.urlopen(url + "/metrics", timeout=10).read().decode())
+
+
 @needs_model
 @needs_server
-def test_two_deployments_compared_under_load(servers, tmp_path, capsys):
+def test_three_deployments_compared_under_load(servers, tmp_path, capsys):
     prompts = tmp_path / "p.jsonl"
     prompts.write_text("".join(json.dumps(r) + "\n" for r in PROMPTS))
-    rc, out, err = run(capsys, "bench", "--endpoint", f"plain={servers['plain']}", "--endpoint",
-                       f"spec={servers['spec']}", "--prompts", prompts, "--max-tokens", 16, "--trials", 2,
-                       "--concurrency", "1,2", "--ignore-eos", "--out", tmp_path / "out")
+    before = {name: counters(url) for name, url in servers.items()}
+    rc, out, err = run(capsys, "bench", *[x for name, url in servers.items() for x in ("--endpoint", f"{name}={url}")],
+                       "--prompts", prompts, "--max-tokens", 16, "--trials", 2, "--concurrency", "1,2", "--ignore-eos",
+                       "--out", tmp_path / "out")
     assert rc == 0, err
+    after = {name: counters(url) for name, url in servers.items()}
     s = json.loads((tmp_path / "out" / "report.json").read_text())["serving"]
-    assert [e["kind"] for e in s["endpoints"]] == ["llama.cpp", "llama.cpp"]
+    assert [e["kind"] for e in s["endpoints"]] == ["llama.cpp"] * 3
     assert set(s["levels"]) == {"1", "2"}
     for level in s["levels"].values():
         for name, v in level.items():
@@ -102,17 +116,24 @@ def test_two_deployments_compared_under_load(servers, tmp_path, capsys):
             assert v["cached_tokens"] == 0  # cache_prompt: false, and trial-tagged prompts
             assert 0 < v["ttft"]["p50"] < v["seconds"]["p50"] and v["tpot"]["p50"] > 0
             assert v["throughput_tokens_per_s"] > 0
-        spec = level["spec"]["speculation"]
-        assert spec["source"] == "llamacpp:spec_decode" and spec["drafts"] > 0 and 0 <= spec["acceptance_rate"] <= 1
-        assert level["spec"]["response_timings"]["draft_n"] > 0  # the per-response counts agree it drafted
         assert not (level["plain"]["speculation"] or {}).get("drafts")  # the plain server drafted nothing
+        for name in ("ngram", "spec"):
+            spec, told = level[name]["speculation"], level[name]["response_timings"]
+            assert spec["source"] == "llamacpp:spec_decode" and spec["drafts"] > 0
+            # the server's counter deltas and its own per-response counts agree, request for request
+            assert (spec["draft_tokens"], spec["accepted"]) == (told["draft_n"], told["draft_n_accepted"])
+    for name in ("ngram", "spec"):  # the levels' deltas are the servers' own, less the warm-up request
+        key = "llamacpp:spec_decode_num_draft_tokens_total"
+        timed = sum(level[name]["speculation"]["draft_tokens"] for level in s["levels"].values())
+        assert 0 <= after[name][key] - before[name][key] - timed <= 8 * 16  # warm-up: 8 tokens, <= 16 drafts each
     records = [r for r in s["records"] if r["endpoint"] == "plain"]
     assert all(r["tokens"] == 16 for r in records)  # ignore_eos: every answer max_tokens long
     # llama-server sends one chunk per token: inter-chunk latency is per token there
     assert all(len(r["itl"]) == r["tokens"] - 1 for r in records)
-    assert s["paired"]["spec"]["speedup"]["n"] == len(PROMPTS)
+    assert s["paired"]["spec"]["speedup"]["n"] == len(PROMPTS) and set(s["paired"]["ngram"]["categories"]) == {
+        "qa", "summarization", "coding", "rag"}
     md = (tmp_path / "out" / "report.md").read_text()
-    assert "## Serving endpoints" in md and "![serving_load]" in md
+    assert "## Serving endpoints" in md and "## Per concurrency level" in md and "![serving_load]" in md
     assert "spec over plain" in out
 
 
@@ -156,4 +177,10 @@ def test_counters_give_acceptance_and_its_positions():
     assert s["drafts"] == 10 and s["acceptance_rate"] == 20 / 40 and s["mean_acceptance_length"] == 3.0
     assert s["accepted_per_position"] == [0.8, 0.5]
     assert speculation_from_counters({}, parse_metrics("sglang:num_running_reqs 0\n")) is None  # gauges only: n/a
+    vllm = parse_metrics('vllm:spec_decode_num_drafts_total{model_name="m"} 4\n'
+                         'vllm:spec_decode_num_draft_tokens_total{model_name="m"} 12\n'
+                         'vllm:spec_decode_num_accepted_tokens_total{model_name="m"} 6\n'
+                         'vllm:spec_decode_num_accepted_tokens_per_pos_total{model_name="m",position="0"} 3\n')
+    v = speculation_from_counters({}, vllm)
+    assert v["source"] == "vllm:spec_decode" and v["acceptance_rate"] == 0.5 and v["accepted_per_position"] == [0.75]
     assert parse_endpoint("spec=http://h:8000/v1").base == "http://h:8000"

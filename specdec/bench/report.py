@@ -75,7 +75,7 @@ def _spec_methods(report: dict) -> list[dict]:
 def _machine(report: dict) -> str:
     e = report.get("environment") or {}
     chip = f"{e['gpu']} (host {e.get('cpu')})" if e.get("gpu") else e.get("cpu", "?")
-    return (f"{chip} · {e.get('threads', '?')} threads · {e.get('dtype', '?')} · {e.get('device', '?')}"
+    return (f"{chip} · {e.get('threads', '?')} threads · {e.get('dtype') or 'dtype n/a'} · {e.get('device', '?')}"
             f" · specdec {e.get('git_commit') or '?'}")
 
 
@@ -328,7 +328,12 @@ def _md_serving(report: dict) -> list[str]:
     for name, p in s["paired"].items():
         lines.append(f"- **{name}** over **{p['baseline']}** at concurrency {p['concurrency']}, end-to-end time per "
                      f"token paired per prompt: {_speedup(p['speedup'])}")
-    lines += [""] + _table(SERVING_HEADER, _serving_rows(report))
+    if s["paired"]:
+        cats = sorted({c for p in s["paired"].values() for c in p.get("categories", {})})
+        lines += ["", "By category (the same ratio):", ""] + _table(
+            ["endpoint"] + cats, [[name] + [_speedup(_get(p, "categories", c)) for c in cats]
+                                  for name, p in s["paired"].items()])
+    lines += ["## Per concurrency level", ""] + _table(SERVING_HEADER, _serving_rows(report))
     lines += ["- TTFT: time to the first content chunk. **TPOT**: (end − TTFT) / (completion_tokens − 1), "
               "completion_tokens from the stream's `usage`. **Inter-chunk**: time between content chunks, kept "
               "apart from TPOT: vLLM and SGLang send a verification step's tokens as one chunk, llama-server one "

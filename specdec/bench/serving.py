@@ -71,21 +71,34 @@ def parse_metrics(text: str) -> dict[str, float]:
     return out
 
 
+def _by_name(metrics: dict, name: str, position: bool = False) -> dict:
+    """Sum of a metric over its label sets (vLLM labels by model), keyed by `position` if asked."""
+    out = {}
+    for key, v in metrics.items():
+        base, _, labels = key.partition("{")
+        if base == name:
+            m = re.search(r'position="(\d+)"', labels)
+            at = int(m.group(1)) if position and m else None
+            out[at] = out.get(at, 0.0) + v
+    return out
+
+
 def speculation_from_counters(before: dict, after: dict) -> dict | None:
     """Acceptance from the server's own counters (vLLM's or llama-server's names), or None."""
     for prefix in ("vllm:spec_decode_", "llamacpp:spec_decode_"):
-        keys = [prefix + k for k in SPEC_COUNTERS]
-        if all(k in after for k in keys):
-            drafts, drafted, accepted = (after[k] - before.get(k, 0.0) for k in keys)
-            per_pos = {}
-            for key, v in after.items():
-                m = re.match(re.escape(prefix) + r'num_accepted_tokens_per_pos_total\{.*position="(\d+)".*\}', key)
-                if m:
-                    per_pos[int(m.group(1))] = v - before.get(key, 0.0)
-            return {"source": prefix.rstrip("_"), "drafts": drafts, "draft_tokens": drafted, "accepted": accepted,
-                    "acceptance_rate": accepted / drafted if drafted else math.nan,
-                    "mean_acceptance_length": 1 + accepted / drafts if drafts else math.nan,
-                    "accepted_per_position": [per_pos[i] / drafts if drafts else math.nan for i in sorted(per_pos)]}
+        totals = [(_by_name(after, prefix + k).get(None), _by_name(before, prefix + k).get(None, 0.0))
+                  for k in SPEC_COUNTERS]
+        if any(a is None for a, _ in totals):
+            continue
+        drafts, drafted, accepted = (a - b for a, b in totals)
+        per_after = _by_name(after, prefix + "num_accepted_tokens_per_pos_total", position=True)
+        per_before = _by_name(before, prefix + "num_accepted_tokens_per_pos_total", position=True)
+        per_pos = [(per_after[i] - per_before.get(i, 0.0)) / drafts if drafts else math.nan
+                   for i in sorted(k for k in per_after if k is not None)]
+        return {"source": prefix.rstrip("_"), "drafts": drafts, "draft_tokens": drafted, "accepted": accepted,
+                "acceptance_rate": accepted / drafted if drafted else math.nan,
+                "mean_acceptance_length": 1 + accepted / drafts if drafts else math.nan,
+                "accepted_per_position": per_pos}
     return None
 
 
@@ -256,14 +269,16 @@ async def _run(endpoints, prompts, cfg, log, progress: bool) -> dict:
         bar.close()
         return {"endpoints": [{"name": c.ep.name, "url": c.ep.url, "model": c.ep.model, "kind": c.kind}
                               for c in clients],
-                "levels": levels, "paired": paired(records, [c.ep.name for c in clients], min(cfg.concurrency)),
+                "levels": levels, "paired": paired(records, [c.ep.name for c in clients], min(cfg.concurrency),
+                                  {p.id: p.category for p in prompts}),
                 "records": records,
                 "prompts": [p.id for p in prompts]}
 
 
-def paired(records: list[dict], names: list[str], level: int) -> dict:
+def paired(records: list[dict], names: list[str], level: int, categories: dict[str, str]) -> dict:
     """At the lowest concurrency, per prompt: the first endpoint's end-to-end time per token
-    over each other's (median over trials), geometric mean with a bootstrap CI over prompts."""
+    over each other's (median over trials), geometric mean with a bootstrap CI over prompts,
+    overall and per category."""
     def per_prompt(name):
         by = {}
         for r in records:
@@ -274,9 +289,10 @@ def paired(records: list[dict], names: list[str], level: int) -> dict:
     out = {}
     for name in names[1:]:
         mine = per_prompt(name)
-        common = [p for p in base if p in mine]
-        out[name] = {"baseline": names[0], "concurrency": level,
-                     "speedup": summarize_ratios([base[p] / mine[p] for p in common])}
+        ratios = {p: base[p] / mine[p] for p in base if p in mine}
+        out[name] = {"baseline": names[0], "concurrency": level, "speedup": summarize_ratios(list(ratios.values())),
+                     "categories": {cat: summarize_ratios([r for p, r in ratios.items() if categories[p] == cat])
+                                    for cat in sorted(set(categories.values()))}}
     return out
 
 
