@@ -12,8 +12,8 @@ import urllib.request
 import pytest
 
 from specdec.bench.serving import parse_endpoint, parse_metrics, speculation_from_counters
-from specdec.cli import main
 
+from test_cli import run
 from tiny import needs_model
 
 try:
@@ -79,15 +79,6 @@ PROMPTS = [{"id": "a", "category": "qa", "turns": ["Name three colours."]},
            # repeats, for the n-gram server to find something to copy
            {"id": "d", "category": "rag", "turns": ["Repeat this line three times: the quick brown fox jumps over "
                                                     "the lazy dog."]}]
-
-
-def run(capsys, *argv):
-    try:
-        rc = main([str(a) for a in argv])
-    except SystemExit as exc:
-        rc = exc.code
-    out, err = capsys.readouterr()
-    return rc, out, err
 
 
 def counters(url: str) -> dict:
