@@ -18,7 +18,8 @@ both a match and its model, the schedule takes whichever promises more.
 
 k = 0 is plain decoding: it wins when the draft is too slow or too often wrong. A
 schedule stuck at 0 would never learn that the draft got better, so after `probe_every`
-plain steps it drafts one token to measure again; each probe that fails doubles that
+plain steps it drafts one token to measure again (in a batch, on one row only: that is
+enough to measure, and the pass stays small); each probe that fails doubles that
 interval (up to `max_probe_every`), so a useless draft costs ever less, and a probe that
 succeeds resets it.
 
@@ -178,8 +179,14 @@ class AdaptiveK:
                 if s.plain_steps >= s.probe_every:
                     s.plain_steps, s.probing = 0, True
                     probing.append(name)
-            if probing:
-                return [next(((n, 1) for n in s if n in probing), (s[0] if s else None, 0)) for s in rows]
+            if probing:  # one row per probing source measures it; in a batch the others stay plain
+                plan = []
+                for s in rows:
+                    name = next((n for n in s if n in probing), None)
+                    plan.append((name, 1) if name else (s[0] if s else None, 0))
+                    if name:
+                        probing.remove(name)
+                return plan
         return best
 
     def update(self, drafted: int, accepted: int, draft_seconds: float, verify_seconds: float,

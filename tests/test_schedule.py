@@ -86,6 +86,20 @@ def test_useless_draft_falls_back_to_plain_decoding_and_probes_ever_less():
     assert gaps == [8, 16, 32, 64, 128, 128]  # doubling while probes fail, up to max_probe_every
 
 
+def test_a_batch_probes_on_one_row_and_drafts_nothing_when_it_does_not_pay():
+    s = trained(0.01, t_draft=0.2 * T)
+    rows = [("model",), ("lookup1", "model"), (), ("model",)]
+    s._source("lookup1").t_draft = 1e-6
+    s.sources["lookup1"].tries, s.sources["lookup1"].hits, s.sources["lookup1"].prior = [1000.0], [10.0], [0.0]
+    plans = []
+    for _ in range(8):
+        plans.append(s.choose_batch(rows))
+        s.update_batch([(src, k, 0) for src, k in plans[-1]], 0.2 * T * max(k for _, k in plans[-1]), T)
+    assert all(k == 0 for plan in plans[:7] for _, k in plan)  # neither source pays
+    probe = plans[7]  # the eighth plain step: each source probes once, on the first row that has it
+    assert probe == [("model", 1), ("lookup1", 1), (None, 0), ("model", 0)]
+
+
 def test_a_successful_probe_resets_the_interval():
     s = trained(0.01, t_draft=0.2 * T)
     run_plain_steps(s, 8 + 16 + 32)  # three failed probes: the interval is now 64
