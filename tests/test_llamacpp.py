@@ -68,6 +68,25 @@ def test_speculative_equals_greedy_on_the_engine(target, files, kind, k, prompt)
         assert out.stats.accepted == out.stats.drafted  # a model drafting for itself is always right
 
 
+@pytest.mark.parametrize("file_type,atol", [("q8_0", 0.05), ("q4_0", 0.5)])
+def test_a_quantized_draft_is_close_and_output_stays_exact(target, files, tmp_path, file_type, atol):
+    ckpt, f32 = files["draft"]
+    quantized = load_model(write_gguf(ckpt, tmp_path / f"draft.{file_type}.gguf", file_type=file_type),
+                           engine="llama.cpp")
+    assert quantized.path.stat().st_size < f32.stat().st_size / 2
+    reference = load_model(f32, engine="llama.cpp")
+    ids = PROMPTS["random"]
+    for m in (quantized, reference):
+        m.reset(16)
+    got, ref = quantized.forward(ids), reference.forward(ids)
+    assert 0 < (got - ref).abs().max() < atol  # quantized (not a copy of the f32 weights), and near them
+    prompt = PROMPTS["repeated"]
+    assert (speculative_generate(target, quantized, None, prompt, 24, num_draft_tokens=3).token_ids
+            == generate(target, None, prompt, 24).token_ids)
+    with pytest.raises(ValueError, match="file_type must be one of"):
+        write_gguf(ckpt, tmp_path / "x.gguf", file_type="q3_x")
+
+
 def test_fork_shares_the_weights_not_the_cache(target):
     twin = target.fork()
     assert twin._weights is target._weights
