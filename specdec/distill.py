@@ -58,6 +58,7 @@ class DistillConfig:
     seed: int = 0
     head_tokens: int = 8192  # tokens the draft's head scores, in training and drafting (most written by the target); 0: all
     threads: int | None = None
+    mix: str = "v1"  # the training prompts (distill_prompts.MIXES): "v1", the shipped draft's; "spec-bench"
     command: list[str] = field(default_factory=list)  # the command line, recorded in recipe.json
 
     def check(self) -> None:
@@ -73,6 +74,10 @@ class DistillConfig:
             raise ValueError(f"hidden must be >= 1, got {self.hidden}")
         if not self.lr > 0 or self.temperature <= 0:
             raise ValueError("lr and temperature must be > 0")
+        from .distill_prompts import MIXES
+
+        if self.mix not in MIXES:
+            raise ValueError(f"mix must be one of {MIXES}, got {self.mix!r}")
 
 
 # ---------------------------------------------------------------- data: the target writes
@@ -88,9 +93,17 @@ def _render(tokenizer, turns: list[str], replies: list[str]) -> str:
 
 @torch.inference_mode()
 def target_writes(model, prompts: list[list[int]], max_new_tokens: int, temperature: float, top_k: int,
-                  eos_ids, pad_id: int = 0):
+                  eos_ids, pad_id: int = 0, generator: torch.Generator | None = None):
     """Continue each prompt (greedy if temperature is 0, else sampled); return per prompt
-    (completion ids, top-k ids, top-k log-probs of the target's untempered distribution)."""
+    (completion ids, top-k ids, top-k log-probs of the target's untempered distribution).
+
+    `model`: a specdec model whose engine batches (the native one: its kernel runs all rows'
+    one-token passes together, several times faster than transformers' generate here), or a
+    transformers model (`generate`; it samples from torch's global generator)."""
+    from .models.base import LanguageModel
+
+    if isinstance(model, LanguageModel):
+        return _writes_batched(model, prompts, max_new_tokens, temperature, top_k, set(eos_ids), generator)
     width = max(map(len, prompts))
     ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
     mask = torch.zeros_like(ids)
@@ -110,15 +123,46 @@ def target_writes(model, prompts: list[list[int]], max_new_tokens: int, temperat
     return rows
 
 
+def _writes_batched(model, prompts, max_new_tokens, temperature, top_k, eos_ids, generator):
+    from .models.base import Rows
+
+    rows = Rows(model, len(prompts))
+    rows.reset(max(map(len, prompts)) + max_new_tokens)
+    logits = [x[-1] for x in rows.forward(prompts, last_only=True)]
+    done = [False] * len(prompts)
+    out = [([], [], []) for _ in prompts]  # per row: completion, top-k ids, top-k log-probs
+    for _ in range(max_new_tokens):
+        live = [b for b in range(len(prompts)) if not done[b]]
+        if not live:
+            break
+        x = torch.stack([logits[b] for b in live]).float()
+        values, indices = x.log_softmax(-1).topk(top_k, dim=-1)
+        chosen = (x.argmax(-1) if not temperature else
+                  torch.multinomial((x / temperature).softmax(-1), 1, generator=generator)[:, 0])
+        blocks = [[] for _ in prompts]
+        for j, b in enumerate(live):
+            token = int(chosen[j])
+            out[b][0].append(token)
+            out[b][1].append(indices[j])
+            out[b][2].append(values[j])
+            done[b] = token in eos_ids or len(out[b][0]) == max_new_tokens
+            blocks[b] = [] if done[b] else [token]
+        if all(done):
+            break
+        step = rows.forward(blocks)
+        logits = [step[b][-1] if blocks[b] else None for b in range(len(prompts))]
+    return [(comp, torch.stack(ids).to(torch.int32), torch.stack(logp).half()) for comp, ids, logp in out]
+
+
 def generate_data(cfg: DistillConfig, progress=True) -> Path:
     """Make (or finish making) the on-policy data set in out/data, one shard per batch."""
     from safetensors.torch import save_file
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
     from tqdm import tqdm
 
-    from .bench.suite import HISTORY_TOKENS, load_suite
+    from .bench.suite import HISTORY_TOKENS, SUITE_DIR, load_suite
     from .distill_prompts import passage_requests, training_conversations
-    from .models.loading import hf_checkpoint
+    from .models.loading import hf_checkpoint, load_model
 
     data = Path(cfg.out) / "data"
     data.mkdir(parents=True, exist_ok=True)
@@ -129,11 +173,13 @@ def generate_data(cfg: DistillConfig, progress=True) -> Path:
     def encode(text):
         return tokenizer(text, add_special_tokens=False)["input_ids"]
 
-    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.bfloat16, use_safetensors=True,
-                                                 trust_remote_code=False).eval()
-    eos = {tokenizer.eos_token_id, *([model.generation_config.eos_token_id] if isinstance(
-        model.generation_config.eos_token_id, int) else model.generation_config.eos_token_id or [])} - {None}
-    bench = {turn for p in load_suite() for turn in p.turns}
+    # The target writes on our native engine where it runs (batched kernel passes), else
+    # through transformers.
+    writer = load_model(path, dtype="bfloat16")
+    model = writer if writer.batches else writer.model  # HFAdapter: the transformers model inside
+    eos = set(writer.eos_token_ids)
+    # No prompt of the bench's own files is trained on (the suite and the held-out Spec-Bench mix).
+    bench = {turn for p in load_suite() + load_suite(SUITE_DIR / "heldout-specbench-v1.jsonl") for turn in p.turns}
 
     def replies_to(first_turns: list[str], max_tokens: int, desc: str) -> list[str]:
         """The target's greedy reply to each one-turn conversation, in batches."""
@@ -147,11 +193,13 @@ def generate_data(cfg: DistillConfig, progress=True) -> Path:
     # The target first writes short reports and stories, then is asked to summarize them.
     passages_file = data / "passages.json"
     if not passages_file.exists():
-        stories = replies_to(passage_requests(cfg.prompts // 8, cfg.seed), PASSAGE_TOKENS, "target writes passages")
+        # spec-bench joins several reports into long articles: it asks for more of them.
+        n = cfg.prompts // (3 if cfg.mix == "spec-bench" else 8)
+        stories = replies_to(passage_requests(n, cfg.seed), PASSAGE_TOKENS, "target writes passages")
         whole = [t[: t.rfind(".") + 1] for t in stories]  # whole sentences only
         passages_file.write_text(json.dumps([" ".join(t.split()) for t in whole if len(t) >= 250]))
     written = json.loads(passages_file.read_text())
-    convs = training_conversations(cfg.prompts, cfg.seed, exclude=bench, written=written)
+    convs = training_conversations(cfg.prompts, cfg.seed, exclude=bench, written=written, mix=cfg.mix)
 
     # Earlier turns of a two-turn conversation get the target's own short greedy reply first.
     history_file = data / "history.json"
@@ -175,10 +223,12 @@ def generate_data(cfg: DistillConfig, progress=True) -> Path:
             bar.update()
             continue
         torch.manual_seed(cfg.seed * 100003 + n)  # resumable: each shard's sampling seed is fixed
+        generator = torch.Generator().manual_seed(cfg.seed * 100003 + n)
         tensors = {}
         for temp in sorted({t for _, t in batch}):
             idx = [i for i, t in batch if t == temp]
-            rows = target_writes(model, [texts[i] for i in idx], cfg.max_new_tokens, temp, cfg.top_k, eos, pad)
+            rows = target_writes(model, [texts[i] for i in idx], cfg.max_new_tokens, temp, cfg.top_k, eos, pad,
+                                 generator)
             for i, (comp, top_ids, top_logp) in zip(idx, rows):
                 key = f"{i}.{'greedy' if temp == 0 else 'sampled'}"
                 tensors[f"{key}.tokens"] = torch.tensor(texts[i] + comp, dtype=torch.int32)

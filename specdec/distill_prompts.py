@@ -219,6 +219,64 @@ RAG_INSTRUCTIONS = ["Read the passage and answer the question using only the pas
                     "Answer the question using only information from the passage below.",
                     "Use the passage to answer the question. Quote it where you can."]
 
+# The "spec-bench" mix (`specdec distill --mix spec-bench`) adds what Spec-Bench's categories
+# ask and the first mix lacks: long news-style articles to summarize and long passages to
+# answer from (the target's own reports, several joined), short factual questions, German
+# news-style paragraphs to translate into English, role-play, open writing, reasoning
+# puzzles and extraction. Every template here was written for this project; none is a
+# Spec-Bench item (the bench's own prompts are excluded by text as well).
+ROLES = ["a ship's captain", "a medieval innkeeper", "a detective in 1920s London", "a friendly tour guide in Rome",
+         "a strict but kind chess coach", "a pirate looking for treasure", "a travel agent", "a museum curator",
+         "a wise old wizard", "a customer service agent for an airline", "a chef running a busy kitchen",
+         "a park ranger", "a radio host taking calls", "a job interviewer at a tech company", "a fitness coach",
+         "an astronaut on the space station", "a librarian in a small town", "a knight guarding a bridge"]
+SCENES = ["A traveler asks you for directions and a place to sleep.", "I am a new visitor. Introduce yourself.",
+          "I want to complain about something that went wrong today.", "Tell me about your most difficult day.",
+          "A child asks you what your job is like.", "I ask you for advice on a big decision.",
+          "You have just received surprising news. React to it.", "Convince me to join your team.",
+          "Describe what you see around you right now.", "I am late and in a hurry. Help me quickly."]
+FORMS = ["a blog post", "a short essay", "a persuasive letter", "a short speech", "a product description",
+         "a diary entry", "a short story", "a poem with four stanzas", "an opening paragraph for a novel",
+         "a cover letter", "a review", "a motivational message", "a newspaper opinion piece"]
+AUDIENCES = ["for teenagers", "for a general audience", "for busy parents", "for beginners", "for a school newsletter",
+             "for a company website", "for my grandparents", ""]
+ELEMENTS = ["oxygen", "gold", "iron", "carbon", "helium", "sodium", "silver", "copper", "hydrogen", "calcium"]
+ANIMALS = ["a spider", "an octopus", "a giraffe", "a bee", "a penguin", "a blue whale", "an elephant", "a bat",
+           "a shark", "a camel"]
+SHORT_QA = ["What is the chemical symbol for {element}?", "How many legs does {animal} have?",
+            "What language is mainly spoken in {country}?", "What continent is {country} in?",
+            "What is the currency of {country}?", "When did {person} live?", "Where was {person} born?",
+            "What is {person} best known for? Answer in one sentence.", "Where does {animal} live?",
+            "What does {animal} eat?", "Is {element} a metal?", "How many minutes are in {n} hours?",
+            "How many days are in {n} weeks?", "What is the boiling point of water in Fahrenheit?",
+            "Which planet is closest to the sun?", "What is the largest ocean on Earth?",
+            "Who painted the Mona Lisa?", "What gas do plants take in from the air?"]
+GERMAN_NEWS = (
+    ["Die Stadt {town}", "Der Bürgermeister von {town}", "Eine Gruppe von Forschern", "Die Regierung",
+     "Ein kleines Unternehmen aus {town}", "Die Schule in {town}", "Der Fußballverein", "Die Polizei"],
+    ["plant ein neues Projekt", "hat am Montag eine neue Studie vorgestellt", "will mehr Geld in Bildung investieren",
+     "eröffnet nächste Woche eine Bibliothek", "sucht neue Mitarbeiter", "hat den Preis gewonnen",
+     "warnt vor starkem Regen", "baut einen neuen Bahnhof", "feiert sein hundertjähriges Jubiläum",
+     "diskutiert über höhere Mieten"],
+    ["für die Bürger", "im nächsten Jahr", "trotz vieler Kritik", "nach langen Verhandlungen", "am Wochenende",
+     "mit großer Unterstützung", "in der Innenstadt", "seit dem Frühjahr"],
+)
+PUZZLES = [
+    "{a} is taller than {b}, and {b} is taller than {c}. Who is the shortest? Explain your reasoning.",
+    "If all {x} are {y} and some {y} are {z}, must some {x} be {z}? Explain.",
+    "{a} finished the race before {b} but after {c}. Who came first?",
+    "I have {n} coins that add up to {m} cents, and none are pennies. What could they be? Think step by step.",
+    "A farmer has chickens and cows, {n} heads and {m2} legs in all. How many of each are there?",
+    "{a} says {b} is lying. {b} says {c} is lying. {c} says both are lying. Who tells the truth?",
+    "What comes next in the sequence {s}? Explain the pattern.",
+]
+NAMES = ["Anna", "Ben", "Chloe", "David", "Elif", "Farid", "Grace", "Hugo", "Ines", "Jamal", "Kira", "Leo"]
+EXTRACT = ["Extract every name of a person or place from the text below as a list.",
+           "List all numbers and dates that appear in the text below, with what each refers to.",
+           "Extract the main events from the text below as a numbered list.",
+           "From the text below, extract who did what, as short 'who: what' lines.",
+           "Return a JSON object with the keys \"topic\", \"place\" and \"people\" for the text below."]
+
 
 def _topics() -> list[str]:
     return [t.strip() for t in TOPICS.replace("\n", " ").split(";") if t.strip()]
@@ -273,10 +331,17 @@ def passage_requests(n: int, seed: int = 0) -> list[str]:
     return out
 
 
+MIXES = ("v1", "spec-bench")
+
+
 def training_conversations(n: int, seed: int = 0, exclude: set[str] = frozenset(),
-                           written: list[str] = ()) -> list[list[str]]:
+                           written: list[str] = (), mix: str = "v1") -> list[list[str]]:
     """`n` user turns lists (one or two turns each), deterministic for a seed (and `written`,
-    the target's own passages, which join the documentation prose as text to summarize)."""
+    the target's own passages, which join the documentation prose as text to summarize).
+    mix "v1": the shipped draft's prompts; "spec-bench": also the kinds Spec-Bench's
+    categories ask for (see ROLES above), the v1 kinds at a lower weight."""
+    if mix not in MIXES:
+        raise ValueError(f"mix must be one of {MIXES}, got {mix!r}")
     rng = random.Random(seed)
     topics = _topics()
     passages = _passages(rng, n) + list(written)
@@ -335,8 +400,58 @@ def training_conversations(n: int, seed: int = 0, exclude: set[str] = frozenset(
             turns.append(rng.choice(FOLLOW_UPS))
         return turns
 
+    own = list(written)  # the target's own reports: several joined make a long article
+
+    def article(k):
+        return "\n\n".join(rng.sample(own, k)) if len(own) >= k else passages.pop()
+
+    def news_summary():
+        return f"{rng.choice(PASSAGE_TASKS)}\n\n{article(rng.choice([2, 3, 4]))}"
+
+    def long_rag():
+        text = article(rng.choice([2, 3, 4]))
+        words = re.findall(r"[a-z]{6,}", text) or ["it"]
+        q = rng.choice(RAG_QUESTIONS).format(w=rng.choice(words))
+        return f"{rng.choice(RAG_INSTRUCTIONS)}\n\nPassage:\n{text}\n\nQuestion: {q}"
+
+    def short_qa():
+        return rng.choice(SHORT_QA).format(element=rng.choice(ELEMENTS), animal=rng.choice(ANIMALS),
+                                           country=rng.choice(COUNTRIES), person=rng.choice(PEOPLE),
+                                           n=rng.randint(2, 12))
+
+    def german_news():
+        subj, act, when = GERMAN_NEWS
+        sentences = [f"{rng.choice(subj)} {rng.choice(act)} {rng.choice(when)}.".format(town=rng.choice(TOWNS))
+                     for _ in range(rng.randint(2, 5))]
+        return f"Translate the following German text into English:\n\n{' '.join(sentences)}"
+
+    def roleplay():
+        turns = [f"You are {rng.choice(ROLES)}. Stay in character. {rng.choice(SCENES)}"]
+        if rng.random() < 0.3:
+            turns.append(rng.choice(FOLLOW_UPS))
+        return turns
+
+    def writing():
+        return f"Write {rng.choice(FORMS)} about {rng.choice(topics)} {rng.choice(AUDIENCES)}".strip() + "."
+
+    def reasoning():
+        a, b, c = rng.sample(NAMES, 3)
+        x, y, z = rng.sample(["cats", "pets", "animals", "birds", "dogs", "plants", "tools", "cars"], 3)
+        n = rng.randint(3, 30)
+        start, step = rng.randint(1, 9), rng.randint(2, 7)
+        return rng.choice(PUZZLES).format(a=a, b=b, c=c, x=x, y=y, z=z, n=n, m=5 * n + 5 * rng.randint(0, n),
+                                          m2=2 * n + 2 * rng.randint(0, n),
+                                          s=", ".join(str(start + step * i) for i in range(5)))
+
+    def extraction():
+        return f"{rng.choice(EXTRACT)}\n\n{article(1)}"
+
     makers = [(question, 3), (fact, 1), (math, 3), (translation, 2), (codegen, 2), (code_edit, 3), (summary, 2),
               (rag, 2), (chat, 3)]
+    if mix == "spec-bench":  # about one in three prompts of the old kinds, the rest Spec-Bench's
+        makers = [(question, 2), (fact, 1), (math, 3), (translation, 1), (codegen, 2), (code_edit, 1), (summary, 1),
+                  (rag, 1), (chat, 2), (news_summary, 3), (long_rag, 3), (short_qa, 3), (german_news, 3),
+                  (roleplay, 3), (writing, 3), (reasoning, 3), (extraction, 3)]
     kinds = [m for m, w in makers for _ in range(w)]
     out, seen = [], set(exclude)
     while len(out) < n:

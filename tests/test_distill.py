@@ -62,6 +62,28 @@ def test_labels_are_the_targets_next_token_distribution(target, examples):
     assert torch.allclose(logp[pos].gather(-1, e.top_ids), e.top_logp, atol=2e-2)
 
 
+def test_the_native_engine_writes_what_transformers_writes(target):
+    # distill's data comes from the native engine's batched passes; on the same weights its
+    # greedy continuations and labels are transformers' (ragged prompts, rows ending at an EOS).
+    native = load_model(target[0], dtype="float32")
+    g = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(0, V, (n,), generator=g).tolist() for n in (3, 8, 5, 12, 1, 8)]
+    ref = D.target_writes(target[1], prompts, 20, 0.0, 8, eos_ids=())
+    eos = {ref[2][0][6]}  # a token row 2 writes at step 7: rows stop at its first occurrence
+    ref = D.target_writes(target[1], prompts, 20, 0.0, 8, eos_ids=eos)
+    got = D.target_writes(native, prompts, 20, 0.0, 8, eos_ids=eos)
+    assert any(len(c) < 20 for c, _, _ in got) and any(len(c) == 20 for c, _, _ in got)
+    for (c, ids, logp), (rc, rids, rlogp) in zip(got, ref):
+        assert c == rc and torch.equal(ids, rids)
+        torch.testing.assert_close(logp.float(), rlogp.float(), atol=2e-3, rtol=0)
+        assert ids[:, 0].tolist() == c  # greedy: the top label is the token written
+    # Sampled: reproducible from the generator, and not the greedy text.
+    runs = [D.target_writes(native, prompts, 20, 1.0, 8, (), generator=torch.Generator().manual_seed(5))
+            for _ in range(2)]
+    assert [c for c, _, _ in runs[0]] == [c for c, _, _ in runs[1]]
+    assert [c for c, _, _ in runs[0]] != [c for c, _, _ in D.target_writes(native, prompts, 20, 0.0, 8, ())]
+
+
 def test_training_raises_heldout_agreement(tmp_path, target, examples):
     D.train(config(tmp_path), examples, target[1], progress=False)
     log = log_of(tmp_path)
