@@ -430,6 +430,15 @@ def test_run_benchmark_with_draft_model(report_with_draft):
                                             "spec-composite-k2": "lookup_or_draft", "spec-draft-kauto": "draft",
                                             "spec-composite-kauto": "lookup_or_draft"})
     assert ms["hf-assisted-draft-k2"]["k"] == 2
+    # The composite against the faster of its own parts, per k: a per-prompt paired ratio.
+    vs = report_with_draft["composite_vs_sources"]
+    assert sorted(vs) == ["spec-composite-k2", "spec-composite-kauto"]
+    row = vs["spec-composite-k2"]["overall"]
+    assert row["best_source"] in ("spec-ngram-k2", "spec-draft-k2")
+    best = max(("spec-ngram-k2", "spec-draft-k2"), key=lambda n: ms[n]["overall"]["speedup"]["geomean"])
+    assert row["best_source"] == best
+    assert row["ratio"]["geomean"] == pytest.approx(
+        ms["spec-composite-k2"]["overall"]["speedup"]["geomean"] / ms[best]["overall"]["speedup"]["geomean"])
     assert all(ms[n]["drafter"] == "draft" for n in ("hf-assisted-draft", "hf-assisted-draft-k2",
                                                      "hf-assisted-draft-heuristic", "spec-draft-k2"))
 

@@ -206,6 +206,26 @@ def _md_ceilings(report: dict) -> list[str]:
         "a method whose output parts from the baseline's at a tie can exceed the replay).", ""]
 
 
+def _md_composite_vs_sources(report: dict) -> list[str]:
+    lines = []
+    for name, rows in (report.get("composite_vs_sources") or {}).items():
+        speedup = {m["name"]: m for m in report.get("methods", [])}[name]
+        table = []
+        for cat, r in rows.items():
+            path = ("overall",) if cat == "overall" else ("categories", cat)
+            table.append([cat, _fmt(_get(speedup, *path, "speedup", "geomean"), ".2f", "x"),
+                          f"{r['best_source']} {_fmt(r['best_source_speedup']['geomean'], '.2f', 'x')}",
+                          _speedup(r["ratio"])])
+        lines += [f"## `{name}` against its own sources", ""] + _table(
+            ["category", f"{name} over normal", "faster source alone (over normal)", f"{name} over it [95% CI]"],
+            table) + [
+            "The composite drafter is prompt lookup where the context matches, else the draft model. Per "
+            "category, its speedup paired per prompt over the faster of its two parts run alone at the same k "
+            "(chosen by their geometric means there). Below 1.00x the default loses to one of its own sources.",
+            ""]
+    return lines
+
+
 def _md_mismatches(report: dict) -> list[str]:
     dtype, n_prompts = _get(report, "environment", "dtype"), len(report.get("prompts") or [])
     tol = 0.25 if dtype in HALF_DTYPES else 1e-3
@@ -358,7 +378,8 @@ def _markdown(report: dict, plots: dict[str, tuple[bool, str | None]]) -> str:
     elif "batched" in report:
         lines = _md_header(report) + _md_batched(report) + ["## Plots", ""]
     else:
-        lines = (_md_header(report) + _md_tables(report) + _md_ceilings(report) + _md_mismatches(report)
+        lines = (_md_header(report) + _md_tables(report) + _md_composite_vs_sources(report) + _md_ceilings(report)
+                 + _md_mismatches(report)
                  + ["## Plots", ""])
     for name, (written, note) in plots.items():
         lines += [f"![{name}]({name}.png)"] * written + [f"- `{name}.png`: {note}"] * bool(note) + [""]

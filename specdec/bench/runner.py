@@ -459,6 +459,32 @@ def _spec_metrics(rows: list[dict]) -> dict:
 LLAMA_CPP_BASELINE = "llama.cpp-greedy"
 
 
+def composite_vs_sources(methods, records, prompts) -> dict:
+    """The composite drafter against its own parts at the same k: per category, the faster of
+    lookup alone and the draft alone there (by its geometric-mean speedup over plain decoding),
+    and the composite's paired per-prompt speedup over that one. Below 1.0 the default loses to
+    one of its own sources in that category."""
+    by_name = {(m.drafter, m.k): m.name for m in methods if m.family == "specdec"}
+    out = {}
+    for (drafter, k), name in by_name.items():
+        parts = {d: by_name.get((d, k)) for d in ("ngram", "draft")}
+        if drafter != "composite" or None in parts.values():
+            continue
+        per = {n: _per_prompt(records, n, prompts) for n in (name, *parts.values())}
+        base = _per_prompt(records, "normal", prompts)
+        rows = {}
+        for cat in sorted({p.category for p in prompts}) + ["overall"]:
+            ids = [p.id for p in prompts if cat in ("overall", p.category)]
+            speed = {d: summarize_ratios([base[i]["per_token"] / per[n][i]["per_token"] for i in ids])
+                     for d, n in parts.items()}
+            best = max(speed, key=lambda d: speed[d]["geomean"])
+            rows[cat] = {"best_source": parts[best], "best_source_speedup": speed[best],
+                         "ratio": summarize_ratios([per[parts[best]][i]["per_token"] / per[name][i]["per_token"]
+                                                    for i in ids])}
+        out[name] = rows
+    return out
+
+
 def aggregate(cfg, prompts, methods, records, costs, cold, target) -> dict:
     base = _per_prompt(records, "normal", prompts)
     llama = _per_prompt(records, LLAMA_CPP_BASELINE, prompts) if any(
@@ -523,7 +549,7 @@ def aggregate(cfg, prompts, methods, records, costs, cold, target) -> dict:
                 mismatches.append({"prompt": p.id} | divergence(target, p.ids, ref, mine, reference))
         out_methods.append({**m.describe(), "cold_seconds": cold[m.name], "overall": overall,
                             "categories": by_cat, "mismatches": mismatches})
-    return {"methods": out_methods, "costs": costs,
+    return {"methods": out_methods, "costs": costs, "composite_vs_sources": composite_vs_sources(methods, records, prompts),
             "prompts": [{"id": p.id, "category": p.category, "grounded": p.grounded, "prompt_tokens": len(p.ids)}
                         for p in prompts],
             "records": [{k: v for k, v in r.items() if k != "tokens"} | {"n_tokens": len(r["tokens"])}
