@@ -6,6 +6,7 @@ is the target's next token. This is the greedy acceptance rate of a first draft,
 on prompts no draft trained on, without timing anything.
 
 Usage: python3 scripts/probes/draft_agreement.py NAME=PATH [NAME=PATH ...] [--per-category 2] [--max-tokens 128]
+       [--prompts FILE]   (a prompt file instead of the suite, e.g. specdec/bench/prompts/heldout-specbench-v1.jsonl)
 """
 from __future__ import annotations
 
@@ -24,11 +25,12 @@ def main() -> None:
     parser.add_argument("--per-category", type=int, default=2)
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--prompts", default=None, help="a JSONL prompt file (default: the bundled suite)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     target = specdec.load_model("smollm2-135m-instruct")
     drafts = {name: ModelDrafter(specdec.load_model(path)) for name, path in (d.split("=", 1) for d in args.drafts)}
-    prompts = load_suite(per_category=args.per_category)
+    prompts = load_suite(args.prompts, per_category=args.per_category)
     render(prompts, target, target.tokenizer)
     written = [(p.category, list(p.ids), specdec.generate(target, None, list(p.ids), args.max_tokens).token_ids)
                for p in prompts]

@@ -4,7 +4,7 @@ Spec-Bench-mix prompts: the default composite drafter with a fresh schedule per 
 passing the same AdaptiveK does), and the draft model alone both ways; each over plain
 decoding, paired per prompt, interleaved. Greedy, so the outputs are identical.
 
-    python3 scripts/probes/warm_schedule.py [--trials 2] [--max-tokens 96]
+    python3 scripts/probes/warm_schedule.py [--trials 2] [--max-tokens 96] [--draft NAME_OR_PATH]
 """
 from __future__ import annotations
 
@@ -28,10 +28,11 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--trials", type=int, default=2)
     ap.add_argument("--max-tokens", type=int, default=96)
+    ap.add_argument("--draft", default="smollm2-135m-instruct-draft")
     args = ap.parse_args()
     torch.set_num_threads(2)
     target = specdec.load_model("smollm2-135m-instruct")
-    draft = specdec.load_model("smollm2-135m-instruct-draft")
+    draft = specdec.load_model(args.draft)
     prompts = load_suite(HELDOUT)
     render(prompts, target, target.tokenizer)
     warm = {"composite": AdaptiveK(), "draft": AdaptiveK()}  # carried across every call

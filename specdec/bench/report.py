@@ -155,10 +155,13 @@ def _md_tables(report: dict) -> list[str]:
     if decode:
         lines += ["## Decode-only speedup by category", ""] + _table(
             ["method"] + cats, [[m["name"]] + [_speedup(_get(m, "categories", c, "decode_speedup")) for c in cats]
-                                for m in decode])
+                                for m in decode]
+            + [["prefill share of `normal`'s time"] + [_fmt(100 * (_num(_get(methods[0], "categories", c, "prefill_share"))
+                                                                  or math.nan), ".0f", "%") for c in cats]])
         lines += ["The same ratio over the time after the prefill pass (per token after the first), which is the "
                   "same work with or without speculation: the part a drafter can speed up. Where answers are "
-                  "short, the prefill holds the end-to-end speedup below this one.", ""]
+                  "short or prompts long, the prefill (its share of plain decoding's time in the last row) holds "
+                  "the end-to-end speedup below this one.", ""]
     width = max([len(_get(m, "overall", "accepted_per_position") or []) for m in spec] + [0])
     lines += ["## Acceptance by draft position", ""]
     lines += _table(["method", "acceptance"] + [str(i + 1) for i in range(width)], [

@@ -536,6 +536,8 @@ def aggregate(cfg, prompts, methods, records, costs, cold, target) -> dict:
                 entry["vs_llama_cpp"] = summarize_ratios([vs_llama[i] for i in ids])
             if all(i in decode_ratios for i in ids):
                 entry["decode_speedup"] = summarize_ratios([decode_ratios[i] for i in ids])
+            if all(per[i]["prefill"] is not None for i in ids):  # what no drafter can speed up
+                entry["prefill_share"] = sum(per[i]["prefill"] for i in ids) / sum(per[i]["seconds"] for i in ids)
             entry.update({key: val for key, val in _spec_metrics([per[i] for i in ids]).items()
                           if key in ("acceptance_rate", "alpha", "tokens_per_target_call", "tokens_per_step",
                                      "accepted_per_position")})
