@@ -233,6 +233,29 @@ def test_training_prompts_are_disjoint_from_the_bench_and_deterministic():
     assert used  # about 1 in 6 passages is used at 300 prompts
 
 
+def test_the_spec_bench_mix_adds_its_kinds_and_stays_disjoint():
+    from specdec.bench.suite import SUITE_DIR, load_suite
+
+    bench = {t for p in load_suite() + load_suite(SUITE_DIR / "heldout-specbench-v1.jsonl") for t in p.turns}
+    written = [f"Report {i} from the town hall. It names {i} people and two places." for i in range(120)]
+    convs = training_conversations(400, seed=0, exclude=bench, written=written, mix="spec-bench")
+    assert convs == training_conversations(400, seed=0, exclude=bench, written=written, mix="spec-bench")
+    assert len(convs) == 400 and not bench & {t for c in convs for t in c}
+    firsts = [c[0] for c in convs]
+    for needle in ("Translate the following German text into English", "Stay in character", "Extract",
+                   "Write a ", "Passage:\n"):
+        assert sum(needle in t for t in firsts) >= 10, needle
+    # Long articles: several of the target's reports joined.
+    assert any(t.count("Report ") >= 3 for t in firsts)
+    # v1 is unchanged by the new kinds: none of them appear there.
+    v1 = [c[0] for c in training_conversations(400, seed=0, exclude=bench, written=written)]
+    assert not any("Stay in character" in t or t.startswith("Extract") for t in v1)
+    with pytest.raises(ValueError, match="mix must be one of"):
+        training_conversations(10, mix="v3")
+    with pytest.raises(ValueError, match="mix must be one of"):
+        D.DistillConfig(target="x", out="y", mix="v3").check()
+
+
 @pytest.mark.parametrize("args, message", [
     (["--heldout", "5000"], "heldout must be"),
     (["--steps", "5", "--lr", "-1"], "lr and temperature must be > 0"),
