@@ -31,6 +31,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from .distill_prompts import MIXES
+
 STATE_FILE = "train-state.pt"
 PASSAGE_TOKENS = 192  # length of the passages the target writes to be summarized
 LOG_FILE = "train-log.jsonl"
@@ -74,8 +76,6 @@ class DistillConfig:
             raise ValueError(f"hidden must be >= 1, got {self.hidden}")
         if not self.lr > 0 or self.temperature <= 0:
             raise ValueError("lr and temperature must be > 0")
-        from .distill_prompts import MIXES
-
         if self.mix not in MIXES:
             raise ValueError(f"mix must be one of {MIXES}, got {self.mix!r}")
 
