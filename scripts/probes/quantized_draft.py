@@ -19,10 +19,10 @@ import math
 import statistics
 import tempfile
 import time
-from collections import defaultdict
 from pathlib import Path
 
 import specdec
+from _interleave import interleaved
 from specdec import CompositeDrafter, ModelDrafter, generate, speculative_generate
 from specdec.bench.methods import LlamaCpp
 from specdec.bench.suite import load_suite, render
@@ -67,32 +67,22 @@ def main() -> None:
     prompts = load_suite(HELDOUT)
     render(prompts, target, target.tokenizer)
     peer = LlamaCpp("llama.cpp-greedy", target.path, eos_ids=target.eos_token_ids, n_ctx=4096, threads=2)
-    methods = {"llama.cpp greedy": lambda ids: (peer.call(ids, args.max_tokens)[0], None),
-               "ours, plain": lambda ids: (generate(target, None, ids, args.max_tokens).token_ids, None)}
+    methods = {"llama.cpp greedy": lambda ids: peer.call(ids, args.max_tokens)[0],
+               "ours, plain": lambda ids: generate(target, None, ids, args.max_tokens)}
     for name, d in drafts.items():
         for kind, make in (("composite", CompositeDrafter), ("draft", ModelDrafter)):
-            drafter = make(d)
-            methods[f"{kind}, {name}"] = lambda ids, drafter=drafter: (
-                lambda g: (g.token_ids, g.stats))(speculative_generate(target, drafter, None, ids, args.max_tokens))
-    times, stats = defaultdict(list), defaultdict(list)
-    for trial in range(args.trials):
-        for i, p in enumerate(prompts):
-            names = list(methods)
-            shift = (trial + i) % len(names)
-            for name in names[shift:] + names[:shift]:
-                start = time.perf_counter()
-                tokens, s = methods[name](p.ids)
-                times[name, p.id].append((time.perf_counter() - start) / max(len(tokens), 1))
-                if s is not None:
-                    stats[name].append(s)
+            methods[f"{kind}, {name}"] = lambda ids, drafter=make(d): speculative_generate(
+                target, drafter, None, ids, args.max_tokens)
+    times, outputs = interleaved(methods, prompts, args.trials)
+    stats = {name: [g.stats for g in outs if hasattr(g, "stats")] for name, outs in outputs.items()}
     print(f"over llama.cpp's greedy loop, {len(prompts)} held-out prompts, {args.trials} trials, "
           f"{args.max_tokens} tokens, geometric mean of per-prompt ratios:")
     for name in methods:
         ratios = [statistics.median(times["llama.cpp greedy", p.id]) / statistics.median(times[name, p.id])
                   for p in prompts]
         line = f"  {name:18s} {math.exp(statistics.fmean(map(math.log, ratios))):.2f}x"
-        if stats[name]:
-            s = stats[name]
+        s = stats.get(name)
+        if s and sum(x.drafted for x in s):
             line += (f"   accepted/drafted {sum(x.accepted for x in s) / max(1, sum(x.drafted for x in s)):.2f}"
                      f"   tokens a pass {sum(x.generated for x in s) / sum(x.target_calls for x in s):.2f}")
         print(line)

@@ -11,12 +11,12 @@ from __future__ import annotations
 import argparse
 import math
 import statistics
-import time
 from collections import defaultdict
 
 import torch
 
 import specdec
+from _interleave import interleaved
 from specdec import CompositeDrafter, ModelDrafter, generate, speculative_generate
 from specdec.bench.suite import load_suite, render
 from specdec.schedule import AdaptiveK
@@ -42,15 +42,7 @@ def main() -> None:
         methods[f"{name}, fresh"] = lambda ids, d=d: speculative_generate(target, d, None, ids, args.max_tokens)
         methods[f"{name}, warm"] = lambda ids, d=d, s=warm[name]: speculative_generate(
             target, d, None, ids, args.max_tokens, num_draft_tokens=s)
-    times = defaultdict(list)  # (method, prompt) -> seconds per token
-    for trial in range(args.trials):
-        for i, p in enumerate(prompts):
-            names = list(methods)
-            shift = (trial + i) % len(names)
-            for name in names[shift:] + names[:shift]:
-                start = time.perf_counter()
-                g = methods[name](p.ids)
-                times[name, p.id].append((time.perf_counter() - start) / max(len(g.token_ids), 1))
+    times, _ = interleaved(methods, prompts, args.trials)  # (method, prompt) -> seconds per token
     cats = defaultdict(list)
     print(f"over plain decoding, geometric mean over {len(prompts)} prompts (median of {args.trials} trials each)")
     for name in methods:
