@@ -153,10 +153,11 @@ def _md_tables(report: dict) -> list[str]:
                   "the runtime a CPU user would otherwise pick.", ""]
     decode = [m for m in methods if any(_get(m, "categories", c, "decode_speedup") for c in cats)]
     if decode:
+        normal = next((m for m in methods if m["name"] == "normal"), {})
         lines += ["## Decode-only speedup by category", ""] + _table(
             ["method"] + cats, [[m["name"]] + [_speedup(_get(m, "categories", c, "decode_speedup")) for c in cats]
                                 for m in decode]
-            + [["prefill share of `normal`'s time"] + [_fmt(100 * (_num(_get(methods[0], "categories", c, "prefill_share"))
+            + [["prefill share of `normal`'s time"] + [_fmt(100 * (_num(_get(normal, "categories", c, "prefill_share"))
                                                                   or math.nan), ".0f", "%") for c in cats]])
         lines += ["The same ratio over the time after the prefill pass (per token after the first), which is the "
                   "same work with or without speculation: the part a drafter can speed up. Where answers are "

@@ -459,19 +459,18 @@ def _spec_metrics(rows: list[dict]) -> dict:
 LLAMA_CPP_BASELINE = "llama.cpp-greedy"
 
 
-def composite_vs_sources(methods, records, prompts) -> dict:
+def composite_vs_sources(methods, per_prompt: dict, prompts) -> dict:
     """The composite drafter against its own parts at the same k: per category, the faster of
     lookup alone and the draft alone there (by its geometric-mean speedup over plain decoding),
     and the composite's paired per-prompt speedup over that one. Below 1.0 the default loses to
-    one of its own sources in that category."""
+    one of its own sources in that category. per_prompt: method name -> `_per_prompt` of it."""
     by_name = {(m.drafter, m.k): m.name for m in methods if m.family == "specdec"}
     out = {}
     for (drafter, k), name in by_name.items():
         parts = {d: by_name.get((d, k)) for d in ("ngram", "draft")}
         if drafter != "composite" or None in parts.values():
             continue
-        per = {n: _per_prompt(records, n, prompts) for n in (name, *parts.values())}
-        base = _per_prompt(records, "normal", prompts)
+        per, base = per_prompt, per_prompt["normal"]
         rows = {}
         for cat in sorted({p.category for p in prompts}) + ["overall"]:
             ids = [p.id for p in prompts if cat in ("overall", p.category)]
@@ -497,8 +496,9 @@ def aggregate(cfg, prompts, methods, records, costs, cold, target) -> dict:
     def reference():  # the target in float32, loaded only if a divergence needs it
         return load_model(cfg.model, dtype=torch.float32, device=cfg.device, engine=cfg.engine)
 
+    per_prompt = {}
     for m in methods:
-        per = _per_prompt(records, m.name, prompts)
+        per = per_prompt[m.name] = _per_prompt(records, m.name, prompts)
         ratios = {pid: base[pid]["per_token"] / v["per_token"] for pid, v in per.items()}
         vs_llama = {pid: llama[pid]["per_token"] / v["per_token"] for pid, v in per.items()} if llama else None
         decode_ratios = {pid: base[pid]["decode_per_token"] / v["decode_per_token"] for pid, v in per.items()
@@ -551,7 +551,7 @@ def aggregate(cfg, prompts, methods, records, costs, cold, target) -> dict:
                 mismatches.append({"prompt": p.id} | divergence(target, p.ids, ref, mine, reference))
         out_methods.append({**m.describe(), "cold_seconds": cold[m.name], "overall": overall,
                             "categories": by_cat, "mismatches": mismatches})
-    return {"methods": out_methods, "costs": costs, "composite_vs_sources": composite_vs_sources(methods, records, prompts),
+    return {"methods": out_methods, "costs": costs, "composite_vs_sources": composite_vs_sources(methods, per_prompt, prompts),
             "prompts": [{"id": p.id, "category": p.category, "grounded": p.grounded, "prompt_tokens": len(p.ids)}
                         for p in prompts],
             "records": [{k: v for k, v in r.items() if k != "tokens"} | {"n_tokens": len(r["tokens"])}
