@@ -121,7 +121,6 @@ class TextBridge(Drafter):
 
     def prefill(self, prompts):
         self.inner.prefill([self._context(ids, b)[0] for b, ids in enumerate(prompts)])
-        self.calls, self.seconds = self.inner.calls, self.inner.seconds
 
     def sources(self, ids, row=0):
         # Without encoding the text (a step that `auto` makes a plain one should not pay for
@@ -155,7 +154,7 @@ class TextBridge(Drafter):
             if written.startswith(pending) and proposal:
                 out[row] = proposal, None
                 self._proposed[row] = (len(requests[row][0]), proposal)
-        self.calls, self.seconds = self.inner.calls, self.inner.seconds
+        self.calls, self.seconds, self.setup_seconds = self.inner.calls, self.inner.seconds, self.inner.setup_seconds
         return out
 
     def commit(self, ids, row=0):

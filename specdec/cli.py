@@ -391,9 +391,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--head-tokens", type=_int, default=8192, help="tokens the draft's output head scores, in "
                    "training and drafting: the ones the target writes most (0: all; the checkpoint keeps the full head)")
     t.add_argument("--threads", type=_positive_int, default=None)
-    t.add_argument("--mix", choices=("v1", "spec-bench"), default="v1", help="training prompts: v1 (the shipped "
-                   "draft's) or spec-bench (also long articles, short QA, German news, role-play, writing, "
-                   "reasoning, extraction)")
+    t.add_argument("--mix", choices=("v1", "spec-bench", "self"), default="v1", help="training prompts: v1 (the "
+                   "shipped draft's), spec-bench (also long articles, short QA, German news, role-play, writing, "
+                   "reasoning, extraction) or self (half spec-bench, half user turns the target writes itself)")
     t.add_argument("--ship", default=None, help="also write the draft without the target's shared weights here "
                    "(how a draft ships in a package; rebuilt on first load)")
     t.set_defaults(func=cmd_distill)

@@ -409,10 +409,11 @@ def speculative_generate(model, draft, tokenizer, prompt, max_tokens: int, *, nu
         asks = {b: (ids[b], min(n, max_tokens - len(outs[b]) - 1), src) for b, (src, n) in zip(live, plan)}
         asks = {b: ask for b, ask in asks.items() if ask[1] > 0}
         step = run.timer(live)
-        proposals = {}
+        proposals, setup = {}, drafter.setup_seconds
         if asks:
             with step("draft"):
                 proposals = drafter.propose_rows(asks, params, gens)
+        setup = drafter.setup_seconds - setup  # a draft reading a prompt: not a cost of drafting
         drafted = {b: proposals.get(b, ([], None))[0] for b in live}
         with step("verify"):
             logits = rows.forward([[ids[b][-1]] + drafted[b] if b in ids else [] for b in range(run.size)])
@@ -433,7 +434,7 @@ def speculative_generate(model, draft, tokenizer, prompt, max_tokens: int, *, nu
             run.stats[b].record_step(kept if kept < n_acc else len(drafted[b]), kept)
             outcomes.append((src, len(drafted[b]), n_acc))
         if schedule:
-            schedule.update_batch(outcomes, step.elapsed.get("draft", 0.0), step.elapsed["verify"])
+            schedule.update_batch(outcomes, step.elapsed.get("draft", 0.0) - setup, step.elapsed["verify"])
         # Roll back rejected drafts (and anything after an EOS): each row's cache keeps its
         # accepted sequence minus its pending last token.
         lengths = rows.lengths

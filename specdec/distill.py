@@ -35,6 +35,8 @@ from .distill_prompts import MIXES
 
 STATE_FILE = "train-state.pt"
 PASSAGE_TOKENS = 192  # length of the passages the target writes to be summarized
+OWN_TURN_TOKENS = 96  # longest user turn the target writes for mix "self"
+OWN_TURN_TEMPERATURE = 0.9  # below 1: its own turns read like requests, not noise, and still differ
 LOG_FILE = "train-log.jsonl"
 
 
@@ -154,6 +156,46 @@ def _writes_batched(model, prompts, max_new_tokens, temperature, top_k, eos_ids,
     return [(comp, torch.stack(ids).to(torch.int32), torch.stack(logp).half()) for comp, ids, logp in out]
 
 
+def user_turn_prefix(tokenizer) -> str:
+    """The chat template's text before a user turn's content (a system turn, if the template
+    adds one, and the user header)."""
+    mark = "\x00"
+    text = tokenizer.apply_chat_template([{"role": "user", "content": mark}], tokenize=False)
+    return text[: text.index(mark)]
+
+
+def target_prompts(model, tokenizer, n: int, seed: int, eos_ids, pad_id: int = 0, exclude=frozenset(),
+                   batch: int = 32, progress=False) -> list[str]:
+    """Up to `n` distinct user turns the target writes itself (mix "self"): from its chat
+    template up to a user turn's text and an opener (distill_prompts.OPENERS), sampled until
+    it ends the turn. A turn it does not end within OWN_TURN_TOKENS, a near-empty one, or
+    one in `exclude` (the bench's prompts) is dropped; deterministic for a seed."""
+    from tqdm import tqdm
+
+    from .distill_prompts import openers
+
+    prefix = user_turn_prefix(tokenizer)
+    generator = torch.Generator().manual_seed(seed)
+    torch.manual_seed(seed)  # transformers' generate samples from the global generator
+    out, seen, tries = [], set(exclude), 0
+    bar = tqdm(total=n, desc="target writes prompts", unit="prompt", disable=not progress)
+    while len(out) < n and tries < 4 * n:  # a target that never ends a turn gives up, not loops
+        starts = openers(batch, seed + tries)
+        tries += batch
+        ids = [tokenizer(prefix + o, add_special_tokens=False)["input_ids"] for o in starts]
+        rows = target_writes(model, ids, OWN_TURN_TOKENS, OWN_TURN_TEMPERATURE, 1, eos_ids, pad_id, generator)
+        for opener, (comp, _, _) in zip(starts, rows):
+            if not comp or comp[-1] not in eos_ids:
+                continue
+            text = (opener + tokenizer.decode(comp, skip_special_tokens=True)).strip()  # its first token has its space
+            if len(text) >= 16 and text not in seen and len(out) < n:
+                seen.add(text)
+                out.append(text)
+                bar.update()
+    bar.close()
+    return out
+
+
 def generate_data(cfg: DistillConfig, progress=True) -> Path:
     """Make (or finish making) the on-policy data set in out/data, one shard per batch."""
     from safetensors.torch import save_file
@@ -194,12 +236,22 @@ def generate_data(cfg: DistillConfig, progress=True) -> Path:
     passages_file = data / "passages.json"
     if not passages_file.exists():
         # spec-bench joins several reports into long articles: it asks for more of them.
-        n = cfg.prompts // (3 if cfg.mix == "spec-bench" else 8)
+        n = cfg.prompts // (3 if cfg.mix != "v1" else 8)
         stories = replies_to(passage_requests(n, cfg.seed), PASSAGE_TOKENS, "target writes passages")
         whole = [t[: t.rfind(".") + 1] for t in stories]  # whole sentences only
         passages_file.write_text(json.dumps([" ".join(t.split()) for t in whole if len(t) >= 250]))
     written = json.loads(passages_file.read_text())
-    convs = training_conversations(cfg.prompts, cfg.seed, exclude=bench, written=written, mix=cfg.mix)
+    own = []
+    if cfg.mix == "self":  # half the prompts are the target's own user turns
+        own_file = data / "own-prompts.json"
+        if not own_file.exists():
+            own_file.write_text(json.dumps(target_prompts(model, tokenizer, cfg.prompts // 2, cfg.seed, eos, pad,
+                                                          bench, cfg.gen_batch, progress)))
+        own = [[t] for t in json.loads(own_file.read_text())]
+    convs = training_conversations(cfg.prompts - len(own), cfg.seed, exclude=bench | {t[0] for t in own},
+                                   written=written, mix=cfg.mix) + own
+    if own:  # both halves in the held-out prompts (the first `heldout`) and in every batch of lengths
+        random.Random(cfg.seed).shuffle(convs)
 
     # Earlier turns of a two-turn conversation get the target's own short greedy reply first.
     history_file = data / "history.json"

@@ -6,7 +6,7 @@ them from (None when it is deterministic: q is then one-hot on each proposal). I
 for B rows at once (a batch; B = 1 for one prompt), each with its own state:
 
     drafter.begin(capacity, batch=1)        before a generation
-    drafter.prefill(prompts)                read each row's prompt (a draft model fills its cache)
+    drafter.prefill(prompts)                the rows' prompts (a draft model reads one when first asked to propose)
     drafter.sources(ids, row=0)             the proposers that could answer here, preferred first
                                             (none: the step is a plain decoding step)
     drafter.propose(ids, k, params, gen, source=None, row=0)  -> (tokens, q or None), at most k
@@ -37,9 +37,10 @@ class Drafter:
     def __init__(self):
         self.calls = 0
         self.seconds = 0.0
+        self.setup_seconds = 0.0  # the part of `seconds` spent on one-off work (reading a prompt), not on drafting
 
     def begin(self, capacity: int, batch: int = 1) -> None:
-        self.calls, self.seconds = 0, 0.0
+        self.calls, self.seconds, self.setup_seconds = 0, 0.0, 0.0
 
     def prefill(self, prompts: list[list[int]]) -> None:
         pass
@@ -168,13 +169,14 @@ class ModelDrafter(Drafter):
         self.capacity = self.max_context
         self._seen: list[list[int]] = [[]]  # per row: tokens whose K/V are in the draft cache
         self._base = [0]  # per row: length of the accepted sequence at its last propose
+        self._unread: set[int] = set()  # rows whose prompt it has not read yet
 
     def begin(self, capacity: int, batch: int = 1) -> None:
         super().begin(capacity, batch)
         self._rows = Rows(self.model, batch, "the draft")
         self.capacity = min(capacity, self.max_context)
         self._rows.reset(self.capacity)
-        self._seen, self._base = [[] for _ in range(batch)], [0] * batch
+        self._seen, self._base, self._unread = [[] for _ in range(batch)], [0] * batch, set()
 
     def room(self, ids: list[int]) -> int:
         """How many tokens it can propose after `ids` within its context and cache (<= 0: none)."""
@@ -195,14 +197,23 @@ class ModelDrafter(Drafter):
         return {row: logits[row][-1] for row in blocks}
 
     def prefill(self, prompts):
-        # Read each prompt once, up front, so that no proposal (and no cost estimate of
-        # `num_draft_tokens="auto"`) carries it. A prompt past its context is never read:
+        # Lazily: a row's prompt is read when the row is first asked to propose, so that a
+        # composite whose lookup carries a whole answer never runs its model at all. That
+        # read is timed apart (setup_seconds), so that no cost estimate of
+        # `num_draft_tokens="auto"` carries it. A prompt past its context is never read:
         # sources() is empty for that row from the start.
-        blocks = {b: p for b, p in enumerate(prompts) if self.room(p) > 0}
+        self._unread = set(range(len(prompts)))
+
+    def _read_prompts(self, requests, rows):
+        """Run each fresh row's accepted sequence but its last token (that one the proposal runs)."""
+        blocks = {row: requests[row][0][:-1] for row in rows if len(requests[row][0]) > 1}
+        self._unread -= set(rows)
         if blocks:
             start = time.perf_counter()
             self._forward(blocks, last_only=True)
-            self.seconds += time.perf_counter() - start
+            elapsed = time.perf_counter() - start
+            self.seconds += elapsed
+            self.setup_seconds += elapsed
 
     def propose_rows(self, requests, params, generators, first: dict | None = None):
         """first[row] (optional): the token ids the row's first proposal must be one of."""
@@ -211,6 +222,8 @@ class ModelDrafter(Drafter):
         ks = {row: k for row, k in ks.items() if k > 0}
         if not ks:
             return out
+        if fresh := [row for row in ks if row in self._unread]:
+            self._read_prompts(requests, fresh)
         start = time.perf_counter()
         lengths = self._rows.lengths
         for row in ks:
@@ -296,7 +309,6 @@ class CompositeDrafter(Drafter):
 
     def prefill(self, prompts):
         self.model.prefill(prompts)
-        self.calls, self.seconds = self.model.calls, self.model.seconds
 
     def check_prompts(self, prompts):
         self.model.check_prompts(prompts)
@@ -321,6 +333,7 @@ class CompositeDrafter(Drafter):
         if to_model:
             out.update(self.model.propose_rows(to_model, params, generators))
         self.calls, self.seconds = self.model.calls, self.lookup.seconds + self.model.seconds
+        self.setup_seconds = self.model.setup_seconds
         return out
 
     def commit(self, ids, row=0):

@@ -14,7 +14,9 @@ fitted to the verify passes measured so far.
 Statistics are kept per *source*: prompt lookup (free, right in runs, and the more
 often the longer the matched n-gram) and a model draft (costly, right ~1/3 of the time)
 differ too much for one blended estimate to fit either. Where a composite drafter has
-both a match and its model, the schedule takes whichever promises more.
+both a match and its model, the schedule takes whichever promises more. A source it has not
+measured yet is tried only where nothing it has measured beats a plain step, so a model
+draft beside a lookup that keeps paying is never run (nor its prompt read).
 
 k = 0 is plain decoding: it wins when the draft is too slow or too often wrong. A
 schedule stuck at 0 would never learn that the draft got better, so after `probe_every`
@@ -144,13 +146,17 @@ class AdaptiveK:
         for sources in rows:
             for name in sources:
                 self._source(name).probing = False
-        unmeasured = [next((n for n in s if self.sources[n].t_draft is None or not self.verify_n), None)
-                      for s in rows]
-        if any(u is not None for u in unmeasured):  # nothing measured yet: start modestly
-            return [(u or s[0], min(2, self.k_max)) if s else (None, 0) for s, u in zip(rows, unmeasured)]
-        cost = {n: self.sources[n].t_draft for s in rows for n in s}
+        if not self.verify_n:  # nothing measured yet: start modestly
+            return [(s[0], min(2, self.k_max)) if s else (None, 0) for s in rows]
+        # Score what has been measured. A source not yet measured (a model draft, say, beside a
+        # lookup that matches) is tried only on a row where nothing measured beats a plain
+        # step: where the lookup pays, learning what the model would do costs its reading of
+        # the prompt and its draft steps, which the lookup's tokens never repay.
+        unmeasured = [next((n for n in s if self.sources[n].t_draft is None), None) for s in rows]
+        measured = [tuple(n for n in s if self.sources[n].t_draft is not None) for s in rows]
+        cost = {n: self.sources[n].t_draft for s in measured for n in s}
         tokens = {n: self.expected_tokens(n) for n in cost}
-        groups = Counter(rows)  # rows with the same sources choose alike: score each kind once
+        groups = Counter(measured)  # rows with the same sources choose alike: score each kind once
         best_rate, best = 0.0, (0, None)
         for cap in sorted(cost, key=cost.get):
             c = cost[cap]
@@ -169,8 +175,10 @@ class AdaptiveK:
                     best_rate, best = rate, (k, c)
         k, c = best
         plan = [max((n for n in s if cost[n] <= c), key=lambda n: tokens[n][k], default=None) if k else None
-                for s in rows]
+                for s in measured]
         best = [(n, k) if n else (s[0] if s else None, 0) for n, s in zip(plan, rows)]
+        if any(u and not n for u, (_, n) in zip(unmeasured, best)):
+            return [(u, min(2, self.k_max)) if u and not n else (src, n) for u, (src, n) in zip(unmeasured, best)]
         if all(k == 0 for _, k in best):  # plain decoding: count towards each source's next probe
             probing = []
             for name in dict.fromkeys(n for s in rows for n in s):

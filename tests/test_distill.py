@@ -277,3 +277,30 @@ def test_check_accepts_the_defaults():
     D.DistillConfig(target="x", out="y").check()
     with pytest.raises(ValueError):
         replace(D.DistillConfig(target="x", out="y"), temperature=0).check()
+
+
+def test_the_target_writes_its_own_user_turns_for_the_self_mix():
+    # Mix "self": the real target, from its chat template's user header and an opener, writes
+    # requests that are distinct, start with their opener, end where it ended its turn, and
+    # leave out anything excluded; the same seed writes the same turns.
+    from transformers import AutoTokenizer
+
+    from specdec.distill_prompts import OPENERS, openers
+    from specdec.models.loading import hf_checkpoint
+
+    path = hf_checkpoint("smollm2-135m-instruct")
+    tokenizer = AutoTokenizer.from_pretrained(str(path))
+    model = load_model(path, dtype="bfloat16")
+    eos = set(model.eos_token_ids)
+    assert D.user_turn_prefix(tokenizer).endswith("<|im_start|>user\n")
+    turns = D.target_prompts(model, tokenizer, 12, seed=3, eos_ids=eos, batch=8)
+    assert len(turns) == 12 and len(set(turns)) == 12
+    assert all(len(t) >= 16 and "<|im_end|>" not in t and "<|im_start|>" not in t for t in turns)
+    named = [o for o in OPENERS if o]
+    assert sum(any(t.startswith(o) for o in named) for t in turns) >= 6  # most have an opener
+    assert D.target_prompts(model, tokenizer, 12, seed=3, eos_ids=eos, batch=8) == turns
+    again = D.target_prompts(model, tokenizer, 12, seed=3, eos_ids=eos, batch=8, exclude={turns[0]})
+    assert turns[0] not in again and again[0] == turns[1]
+    assert openers(50, seed=0) == openers(50, seed=0) and set(openers(500, seed=0)) == set(OPENERS)
+    # The spec-bench templates make the other half, so the mix takes "self" too.
+    assert training_conversations(20, seed=0, mix="self") == training_conversations(20, seed=0, mix="spec-bench")

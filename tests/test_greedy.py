@@ -174,9 +174,9 @@ def test_composite_proposes_from_the_chosen_source(models):
     comp.prefill([ids])
     assert comp.sources(ids) == ("lookup3", "model")
     looked_up, _ = comp.propose(ids, 3, SamplingParams(0.0), None)
-    assert looked_up == [8, 5, 6] and comp.calls == 1  # the lookup, as a fixed k would take
+    assert looked_up == [8, 5, 6] and comp.calls == 0  # the lookup, as a fixed k would take; the model unrun
     drafted, _ = comp.propose(ids, 3, SamplingParams(0.0), None, source="model")
-    assert comp.calls == 1 + 3  # the model ran (once per token)
+    assert comp.calls == 1 + 3  # the model read the prompt, then ran once per token
     model_only = ModelDrafter(models["noisy"])
     model_only.begin(64)
     model_only.prefill([ids])
@@ -209,6 +209,36 @@ def test_draft_calls_counted(models):
     assert res.stats.target_calls == 5
     assert res.stats.draft_calls == 1 + 4 * 4
     assert res.stats.drafted == 16 and res.stats.accepted == 16
+
+
+def test_the_draft_reads_a_prompt_only_when_first_asked_to_propose(models):
+    # prefill() runs nothing; the first proposal for a row reads its prompt (timed as setup,
+    # apart from drafting) and proposes what the draft would after reading it up front.
+    from specdec.sampling import SamplingParams
+
+    prompt = PROMPTS["random"]
+    d = ModelDrafter(models["noisy"])
+    d.begin(64)
+    d.prefill([prompt])
+    assert d.calls == 0 and d.seconds == 0.0
+    tokens, _ = d.propose(prompt, 3, SamplingParams(), None)
+    assert d.calls == 1 + 3 and 0 < d.setup_seconds < d.seconds
+    m = models["noisy"].fork()
+    m.reset(64)
+    expected = []
+    logits = m.forward(prompt, last_only=True)[-1]
+    for _ in range(3):
+        expected.append(int(logits.argmax()))
+        logits = m.forward(expected[-1:])[-1]
+    assert tokens == expected
+    setup = d.setup_seconds
+    d.commit(prompt + tokens[:1] + [0])
+    d.propose(prompt + tokens[:1] + [0], 2, SamplingParams(), None)
+    assert d.setup_seconds == setup  # read once
+    # A composite whose lookup never needs the model leaves it unrun.
+    c = CompositeDrafter(models["noisy"])
+    res = speculative_generate(models["target"], c, None, PROMPTS["random"], 1)
+    assert res.stats.draft_calls == 0
 
 
 def test_drafter_instance_reusable(models, reference):

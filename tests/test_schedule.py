@@ -159,6 +159,18 @@ def test_picks_the_source_that_promises_more():
     assert source == "lookup3" and k >= 8
 
 
-def test_an_unmeasured_source_is_tried_first():
+def test_an_unmeasured_source_is_tried_only_where_nothing_measured_pays():
+    # A lookup that pays: the model beside it is not tried (trying would cost its reading of
+    # the prompt and its drafts). Where the lookup does not pay, or has no match, it is.
     s = trained(0.9, t_draft=0.0, source="lookup3")
-    assert s.choose(("lookup3", "model")) == ("model", 2)
+    assert s.choose(("lookup3", "model"))[0] == "lookup3"
+    assert s.choose(("model",)) == ("model", 2)
+    s = trained(0.01, t_draft=0.0, source="lookup1")
+    assert s.choose(("lookup1", "model")) == ("model", 2)
+    # In a batch each row decides for itself: here one row drafts from its lookup, another
+    # tries the model, a row with no source takes a plain step.
+    s = trained(0.9, t_draft=0.0, source="lookup3")
+    plan = s.choose_batch([("lookup3", "model"), ("model",), ()])
+    assert plan[0][0] == "lookup3" and plan[0][1] > 2 and plan[1:] == [("model", 2), (None, 0)]
+    # Before any verify pass, every row starts modestly with its preferred source.
+    assert AdaptiveK().choose_batch([("lookup3", "model"), ("model",)]) == [("lookup3", 2), ("model", 2)]
