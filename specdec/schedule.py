@@ -15,8 +15,9 @@ Statistics are kept per *source*: prompt lookup (free, right in runs, and the mo
 often the longer the matched n-gram) and a model draft (costly, right ~1/3 of the time)
 differ too much for one blended estimate to fit either. Where a composite drafter has
 both a match and its model, the schedule takes whichever promises more. A source it has not
-measured yet is tried only where nothing it has measured beats a plain step, so a model
-draft beside a lookup that keeps paying is never run (nor its prompt read).
+measured yet is tried at once, unless a measured one the drafter prefers to it already beats
+a plain step: a model draft beside a lookup that keeps paying is never run (nor its prompt
+read).
 
 k = 0 is plain decoding: it wins when the draft is too slow or too often wrong. A
 schedule stuck at 0 would never learn that the draft got better, so after `probe_every`
@@ -148,14 +149,21 @@ class AdaptiveK:
                 self._source(name).probing = False
         if not self.verify_n:  # nothing measured yet: start modestly
             return [(s[0], min(2, self.k_max)) if s else (None, 0) for s in rows]
-        # Score what has been measured. A source not yet measured (a model draft, say, beside a
-        # lookup that matches) is tried only on a row where nothing measured beats a plain
-        # step: where the lookup pays, learning what the model would do costs its reading of
-        # the prompt and its draft steps, which the lookup's tokens never repay.
-        unmeasured = [next((n for n in s if self.sources[n].t_draft is None), None) for s in rows]
+        # Score what has been measured. A source not yet measured is tried at once unless a
+        # measured source the drafter prefers to it (listed before it) beats a plain step:
+        # beside a lookup that pays, learning what a model draft would do costs its reading of
+        # the prompt and its draft steps, which the lookup's tokens never repay; a lookup of
+        # another match length, listed first, is tried as soon as it comes.
         measured = [tuple(n for n in s if self.sources[n].t_draft is not None) for s in rows]
         cost = {n: self.sources[n].t_draft for s in measured for n in s}
         tokens = {n: self.expected_tokens(n) for n in cost}
+        plain = 1 / self.pass_time(1)
+        pays = {n: any(tokens[n][k] / (k * c + self.pass_time(k + 1)) > plain for k in range(1, self.k_max + 1))
+                for n, c in cost.items()}
+        unmeasured = []
+        for s in rows:
+            first = next((i for i, n in enumerate(s) if self.sources[n].t_draft is None), None)
+            unmeasured.append(None if first is None or any(pays[n] for n in s[:first]) else s[first])
         groups = Counter(measured)  # rows with the same sources choose alike: score each kind once
         best_rate, best = 0.0, (0, None)
         for cap in sorted(cost, key=cost.get):
@@ -177,8 +185,8 @@ class AdaptiveK:
         plan = [max((n for n in s if cost[n] <= c), key=lambda n: tokens[n][k], default=None) if k else None
                 for s in measured]
         best = [(n, k) if n else (s[0] if s else None, 0) for n, s in zip(plan, rows)]
-        if any(u and not n for u, (_, n) in zip(unmeasured, best)):
-            return [(u, min(2, self.k_max)) if u and not n else (src, n) for u, (src, n) in zip(unmeasured, best)]
+        if any(unmeasured):
+            return [(u, min(2, self.k_max)) if u else plan for u, plan in zip(unmeasured, best)]
         if all(k == 0 for _, k in best):  # plain decoding: count towards each source's next probe
             probing = []
             for name in dict.fromkeys(n for s in rows for n in s):

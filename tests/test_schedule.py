@@ -159,14 +159,17 @@ def test_picks_the_source_that_promises_more():
     assert source == "lookup3" and k >= 8
 
 
-def test_an_unmeasured_source_is_tried_only_where_nothing_measured_pays():
-    # A lookup that pays: the model beside it is not tried (trying would cost its reading of
-    # the prompt and its drafts). Where the lookup does not pay, or has no match, it is.
+def test_an_unmeasured_source_is_tried_unless_a_preferred_one_pays():
+    # A lookup that pays: the model listed after it is not tried (trying would cost its
+    # reading of the prompt and its drafts). Where the lookup does not pay, or has no match, it is.
     s = trained(0.9, t_draft=0.0, source="lookup3")
     assert s.choose(("lookup3", "model"))[0] == "lookup3"
     assert s.choose(("model",)) == ("model", 2)
     s = trained(0.01, t_draft=0.0, source="lookup1")
     assert s.choose(("lookup1", "model")) == ("model", 2)
+    # A lookup of a new match length, listed before a model that pays, is tried at once.
+    s = trained(0.6, t_draft=0.1 * T, source="model")
+    assert s.choose(("lookup2", "model")) == ("lookup2", 2)
     # In a batch each row decides for itself: here one row drafts from its lookup, another
     # tries the model, a row with no source takes a plain step.
     s = trained(0.9, t_draft=0.0, source="lookup3")
