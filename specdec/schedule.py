@@ -157,13 +157,14 @@ class AdaptiveK:
         measured = [tuple(n for n in s if self.sources[n].t_draft is not None) for s in rows]
         cost = {n: self.sources[n].t_draft for s in measured for n in s}
         tokens = {n: self.expected_tokens(n) for n in cost}
-        plain = 1 / self.pass_time(1)
-        pays = {n: any(tokens[n][k] / (k * c + self.pass_time(k + 1)) > plain for k in range(1, self.k_max + 1))
-                for n, c in cost.items()}
+        def pays(name):  # some k >= 1 beats a plain step (rates[0])
+            rates = self.expected_rates(name)
+            return max(rates[1:]) > rates[0]
+
         unmeasured = []
         for s in rows:
             first = next((i for i, n in enumerate(s) if self.sources[n].t_draft is None), None)
-            unmeasured.append(None if first is None or any(pays[n] for n in s[:first]) else s[first])
+            unmeasured.append(None if first is None or any(map(pays, s[:first])) else s[first])
         groups = Counter(measured)  # rows with the same sources choose alike: score each kind once
         best_rate, best = 0.0, (0, None)
         for cap in sorted(cost, key=cost.get):
