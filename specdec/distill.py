@@ -13,8 +13,8 @@ matrix, frozen: the trainable part is then only the layers, small enough to ship
 and the draft's output lives in exactly the target's token space.
 
 Everything is resumable: generated shards are kept, training checkpoints every
-`save_every` steps (loaded with weights_only=True), and the run is deterministic for a
-seed. Outputs in `out/`: data/, train-state.pt, train-log.jsonl, recipe.json and the
+`save_every` steps (safetensors, never a pickle), and the run is deterministic for a
+seed. Outputs in `out/`: data/, train-state/, train-log.jsonl, recipe.json and the
 final checkpoint (config.json + model.safetensors + tokenizer), loadable by
 `load_model` and by transformers.
 """
@@ -33,7 +33,8 @@ import torch.nn.functional as F
 
 from .distill_prompts import MIXES
 
-STATE_FILE = "train-state.pt"
+# In a folder of its own: a checkpoint loader reads every *.safetensors beside the draft.
+STATE_FILE = "train-state/state.safetensors"
 PASSAGE_TOKENS = 192  # length of the passages the target writes to be summarized
 OWN_TURN_TOKENS = 96  # longest user turn the target writes for mix "self"
 OWN_TURN_TEMPERATURE = 0.9  # below 1: its own turns read like requests, not noise, and still differ
@@ -419,6 +420,41 @@ class Head:
         return column if self.ids is None else self.ids[column]
 
 
+def save_state(path: Path, step: int, trained: dict, optim: dict) -> None:
+    """The resume state as safetensors, never a pickle: the trained tensors, the optimizer's
+    per-parameter tensors and the RNG state as tensors; the step and the optimizer's
+    param_groups (plain numbers) as JSON metadata. Written whole, then moved into place."""
+    from safetensors.torch import save_file
+
+    tensors = {f"model.{k}": v.contiguous() for k, v in trained.items()}
+    for i, per_param in optim["state"].items():
+        for key, v in per_param.items():
+            tensors[f"optim.{i}.{key}"] = torch.as_tensor(v).contiguous()
+    tensors["rng"] = torch.get_rng_state()
+    path.parent.mkdir(exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    save_file(tensors, str(tmp), metadata={"step": str(step), "param_groups": json.dumps(optim["param_groups"])})
+    os.replace(tmp, path)
+
+
+def load_state(path: Path) -> tuple[int, dict, dict, torch.Tensor]:
+    """(step, trained tensors, optimizer state dict, RNG state) from `save_state`'s file."""
+    from safetensors import safe_open
+
+    trained, per_param = {}, {}
+    with safe_open(str(path), framework="pt") as f:
+        meta = f.metadata()
+        for key in f.keys():
+            kind, _, rest = key.partition(".")
+            if kind == "model":
+                trained[rest] = f.get_tensor(key)
+            elif kind == "optim":
+                i, _, name = rest.partition(".")
+                per_param.setdefault(int(i), {})[name] = f.get_tensor(key)
+        rng = f.get_tensor("rng")
+    return int(meta["step"]), trained, {"state": per_param, "param_groups": json.loads(meta["param_groups"])}, rng
+
+
 def distill_loss(logits: torch.Tensor, top_cols: torch.Tensor, top_logp: torch.Tensor) -> torch.Tensor:
     """Forward KL from the target's top-k distribution, renormalized over the tokens the draft
     scores (`top_cols`: their columns in `logits`, -1 for the others), to the draft's."""
@@ -491,11 +527,13 @@ def train(cfg: DistillConfig, examples: list[Example], target, progress=True, he
     opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
     step, rng_state = 0, None
     state_file = out / STATE_FILE
+    if (out / "train-state.pt").exists() and not state_file.exists():
+        raise ValueError(f"{out} holds a resume state in the old pickle form (train-state.pt), which is no "
+                         "longer read: delete it to train from the start, or use a new --out")
     if state_file.exists():  # resume
-        state = torch.load(state_file, weights_only=True)
-        draft.load_state_dict(state["model"], strict=False)
-        opt.load_state_dict(state["optim"])
-        step, rng_state = state["step"], state["rng"]
+        step, trained, optim, rng_state = load_state(state_file)
+        draft.load_state_dict(trained, strict=False)
+        opt.load_state_dict(optim)
     rng = random.Random(cfg.seed)
     stream = batches(train_set, cfg.batch_tokens, rng)
     for _ in range(step):  # replay the data order so a resumed run sees what an unbroken one would
@@ -536,9 +574,7 @@ def train(cfg: DistillConfig, examples: list[Example], target, progress=True, he
             losses = []
         if step % cfg.save_every == 0 or step == cfg.steps:
             trainable = {k: p.detach() for k, p in draft.named_parameters() if p.requires_grad}
-            torch.save({"step": step, "model": trainable, "optim": opt.state_dict(), "rng": torch.get_rng_state()},
-                       out / (STATE_FILE + ".tmp"))
-            os.replace(out / (STATE_FILE + ".tmp"), state_file)
+            save_state(state_file, step, trainable, opt.state_dict())
     bar.close()
     log.close()
     return draft

@@ -202,11 +202,17 @@ def test_training_on_a_head_list_scores_only_those_tokens(tmp_path, target, exam
     assert D.agreement(draft, held, head) == pytest.approx(rows[-1]["heldout_greedy_agreement"], abs=1e-4)
 
 
+def test_an_old_pickled_resume_state_is_refused_not_read(tmp_path, target, examples):
+    (tmp_path / "train-state.pt").write_bytes(b"not read")
+    with pytest.raises(ValueError, match="old pickle form"):
+        D.train(config(tmp_path, steps=2), examples, target[1], progress=False)
+
+
 def test_narrower_draft_has_its_own_embeddings(tmp_path, target, examples):
     draft = D.train(config(tmp_path, steps=2, hidden=16), examples, target[1], progress=False)
     assert draft.config.hidden_size == 16 and draft.config.num_attention_heads == 2
-    state = torch.load(tmp_path / D.STATE_FILE, weights_only=True)
-    assert "model.embed_tokens.weight" in state["model"]  # trained, so checkpointed
+    _, trained, _, _ = D.load_state(tmp_path / D.STATE_FILE)
+    assert "model.embed_tokens.weight" in trained  # trained, so checkpointed
     for bad in (12, 64):  # not a whole number of heads; wider than the target
         with pytest.raises(ValueError, match="head size 8"):
             D.draft_config(target[1].config, config(tmp_path, hidden=bad))
