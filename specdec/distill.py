@@ -420,7 +420,7 @@ class Head:
         return column if self.ids is None else self.ids[column]
 
 
-def save_state(path: Path, step: int, trained: dict, optim: dict) -> None:
+def save_state(path: Path, step: int, trained: dict, optim: dict, rng: torch.Tensor) -> None:
     """The resume state as safetensors, never a pickle: the trained tensors, the optimizer's
     per-parameter tensors and the RNG state as tensors; the step and the optimizer's
     param_groups (plain numbers) as JSON metadata. Written whole, then moved into place."""
@@ -430,7 +430,7 @@ def save_state(path: Path, step: int, trained: dict, optim: dict) -> None:
     for i, per_param in optim["state"].items():
         for key, v in per_param.items():
             tensors[f"optim.{i}.{key}"] = torch.as_tensor(v).contiguous()
-    tensors["rng"] = torch.get_rng_state()
+    tensors["rng"] = rng
     path.parent.mkdir(exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     save_file(tensors, str(tmp), metadata={"step": str(step), "param_groups": json.dumps(optim["param_groups"])})
@@ -574,7 +574,7 @@ def train(cfg: DistillConfig, examples: list[Example], target, progress=True, he
             losses = []
         if step % cfg.save_every == 0 or step == cfg.steps:
             trainable = {k: p.detach() for k, p in draft.named_parameters() if p.requires_grad}
-            save_state(state_file, step, trainable, opt.state_dict())
+            save_state(state_file, step, trainable, opt.state_dict(), torch.get_rng_state())
     bar.close()
     log.close()
     return draft
