@@ -1,15 +1,16 @@
 """specdec: speculative decoding you can read, with a benchmark you can trust."""
 from .decoding import Generation, Stats, generate, speculative_generate
-from .drafters import CompositeDrafter, Drafter, ModelDrafter, NgramDrafter
+from .datastore import Datastore
+from .drafters import CompositeDrafter, DatastoreDrafter, Drafter, ModelDrafter, NgramDrafter
 from .models.base import HFAdapter, LanguageModel, NativeLM
-from .models.loading import DEFAULT_MODEL, hf_checkpoint, load_model, load_tokenizer
+from .models.loading import DEFAULT_MODEL, hf_checkpoint, load_datastore, load_model, load_tokenizer
 from .sampling import SamplingParams, logits_to_probs
 
 __version__ = "0.1.0"
 
 __all__ = [
     "generate", "speculative_generate", "Generation", "Stats",
-    "load_model", "load_tokenizer", "hf_checkpoint", "DEFAULT_MODEL",
-    "Drafter", "ModelDrafter", "NgramDrafter", "CompositeDrafter",
+    "load_model", "load_tokenizer", "load_datastore", "hf_checkpoint", "DEFAULT_MODEL",
+    "Drafter", "ModelDrafter", "NgramDrafter", "DatastoreDrafter", "CompositeDrafter", "Datastore",
     "LanguageModel", "NativeLM", "HFAdapter", "SamplingParams", "logits_to_probs",
 ]

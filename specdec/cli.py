@@ -5,6 +5,7 @@ User mistakes end with a one-line message and exit status 2, never a traceback.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import sys
@@ -78,20 +79,38 @@ def resolve_draft(args) -> str:
     return f"composite:{shipped}" if shipped else "ngram"
 
 
-def make_drafter(spec: str, target, dtype, min_confidence: float = 0.0, engine: str = "native"):
-    """--draft: 'ngram', 'none', a model name/path, or 'composite:MODEL' (lookup, else the model)."""
+def datastore_arg(args) -> str | None:
+    """--datastore: a file, 'none', or (not given) the embedded target's name where a datastore ships for it."""
+    from .models.loading import SHIPPED_DATASTORES
+
+    if args.datastore == "none" or (args.datastore is None and str(args.model) not in SHIPPED_DATASTORES):
+        return None
+    return args.datastore or str(args.model)
+
+
+def load_datastore_arg(args):
+    from .models.loading import load_datastore
+
+    name = datastore_arg(args)
+    return load_datastore(name) if name else None
+
+
+def make_drafter(spec: str, target, dtype, min_confidence: float = 0.0, engine: str = "native", datastore=None):
+    """--draft: 'ngram', 'none', a model name/path, or 'composite:MODEL' (lookup, else the datastore's
+    continuation, else the model). A datastore (None: none) joins the prompt lookup of 'ngram' and
+    'composite:MODEL'."""
     from .drafters import CompositeDrafter, ModelDrafter, NgramDrafter
     from .models.loading import default_engine, load_model
 
     if spec == "none":
         return None
     if spec == "ngram":
-        return NgramDrafter()
+        return CompositeDrafter(datastore=datastore) if datastore else NgramDrafter()
     name = spec.removeprefix("composite:")
     # A draft only llama.cpp runs (gemma-3-270m) runs there whatever the target's engine.
     model = load_model(name, dtype=dtype, device=target.device, engine=default_engine(name, engine))
     if spec.startswith("composite:"):
-        return CompositeDrafter(model, min_confidence=min_confidence)
+        return CompositeDrafter(model, min_confidence=min_confidence, datastore=datastore)
     return ModelDrafter(model, min_confidence=min_confidence)
 
 
@@ -136,10 +155,11 @@ def cmd_generate(args) -> int:
         raise ValueError("prompt is empty")
     draft = resolve_draft(args)
     check_draft_exists(draft)
+    store = load_datastore_arg(args)
     target = load_model(args.model, dtype=args.dtype, device=args.device, engine=args.engine)
     if target.tokenizer is None:
         raise CLIError(f"{args.model} ships no tokenizer; use the Python API with token ids")
-    drafter = make_drafter(draft, target, args.dtype, args.min_confidence, args.engine)
+    drafter = make_drafter(draft, target, args.dtype, args.min_confidence, args.engine, store)
     stream = TextStream(target.tokenizer)
     start = time.perf_counter()
     if drafter is None:
@@ -182,9 +202,10 @@ def cmd_demo(args) -> int:
     if draft == "none":
         raise CLIError("the demo compares against a draft: --draft must not be 'none'")
     check_draft_exists(draft)
+    store = load_datastore_arg(args)
     print(f"loading {args.model} ...", file=sys.stderr)
     target = load_model(args.model, dtype=args.dtype, device=args.device, engine=args.engine)
-    drafter = make_drafter(draft, target, args.dtype, args.min_confidence, args.engine)
+    drafter = make_drafter(draft, target, args.dtype, args.min_confidence, args.engine, store)
     tok = target.tokenizer
     run_normal = lambda: decoding.generate(target, tok, DEMO_PROMPT, args.max_tokens, chat=True)  # noqa: E731
     run_spec = lambda: decoding.speculative_generate(  # noqa: E731
@@ -265,7 +286,10 @@ def cmd_bench(args) -> int:
     draft = None if args.endpoint else draft_model_arg(args)  # endpoints: the servers hold the models
     if draft is not None and not args.no_draft:
         check_draft_exists(draft)
+    if not args.endpoint:
+        load_datastore_arg(args)  # a missing or broken file fails now (loads are cached for the run)
     options = dict(model=args.model, engine=args.engine, draft=None if args.no_draft else draft,
+                   datastore=None if args.endpoint else datastore_arg(args),
                    min_confidence=args.min_confidence, dtype=args.dtype, device=args.device, threads=args.threads,
                    prompts=args.prompts, categories=args.categories.split(",") if args.categories else None,
                    per_category=args.per_category, max_tokens=args.max_tokens, trials=args.trials, ks=args.ks,
@@ -305,6 +329,24 @@ def cmd_distill(args) -> int:
     return 0
 
 
+def cmd_datastore(args) -> int:
+    from .distill import write_datastore
+    from .models.loading import hf_checkpoint
+
+    runs = [Path(d) for d in args.runs]
+    for run in runs:
+        if not (run / "data").is_dir():
+            raise CLIError(f"{run}: not a distill run directory (no data/ in it)")
+    vocab = json.loads((hf_checkpoint(args.target) / "config.json").read_text())["vocab_size"]
+    out = write_datastore([run / "data" for run in runs], Path(args.out), vocab, " ".join(["specdec", *sys.argv[1:]]))
+    print(f"datastore written to {out}", file=sys.stderr)
+    return 0
+
+
+DATASTORE_HELP = ("a datastore for retrieval drafting beside prompt lookup (specdec datastore / distill write one), "
+                  "or 'none'; default: the shipped one of an embedded target")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="specdec", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -317,6 +359,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "composite with the shipped draft for the default target, else 'ngram'")
     g.add_argument("--min-confidence", type=_confidence, default=0.0, help="the draft model stops proposing "
                    "where its top probability is below this (0: never)")
+    g.add_argument("--datastore", default=None, help=DATASTORE_HELP)
     g.add_argument("--num-draft-tokens", type=_k, default="auto", help="k, or 'auto' (the default: chosen each step "
                    "from measured acceptance and costs)")
     g.add_argument("--max-tokens", type=_int, default=128)
@@ -331,6 +374,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_model_args(d)
     d.add_argument("--draft", default=None, help="as for generate")
     d.add_argument("--min-confidence", type=_confidence, default=0.0)
+    d.add_argument("--datastore", default=None, help="as for generate")
     d.add_argument("--num-draft-tokens", type=_k, default="auto")
     d.add_argument("--max-tokens", type=_positive_int, default=128)
     d.add_argument("--trials", type=_positive_int, default=3)
@@ -341,6 +385,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--draft", default=None, help="a draft model (name or path; default: the shipped draft of "
                    "the default target); the n-gram drafter always runs")
     b.add_argument("--no-draft", action="store_true", help="no draft model: n-gram (and peers) only")
+    b.add_argument("--datastore", default=None, help=DATASTORE_HELP + " (runs as 'store', lookup + datastore, and "
+                   "in the composite)")
     b.add_argument("--min-confidence", type=_confidence, default=0.0, help="> 0: also run the draft with this "
                    "confidence stop (draft-stop, composite-stop)")
     b.add_argument("--threads", type=_positive_int, default=None, help="torch threads (default: torch's choice)")
@@ -397,6 +443,13 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--ship", default=None, help="also write the draft without the target's shared weights here "
                    "(how a draft ships in a package; rebuilt on first load)")
     t.set_defaults(func=cmd_distill)
+
+    s = sub.add_parser("datastore", help="a datastore for retrieval drafting from distill runs' data: the "
+                       "target's own replies (distill writes one per run too)")
+    s.add_argument("runs", nargs="+", help="distill run directories (--out of specdec distill)")
+    s.add_argument("--out", required=True, help="the datastore file to write (.safetensors)")
+    s.add_argument("--target", default=DEFAULT_MODEL, help=f"the target the runs distilled (default {DEFAULT_MODEL})")
+    s.set_defaults(func=cmd_datastore)
     return parser
 
 

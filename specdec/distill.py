@@ -39,6 +39,7 @@ PASSAGE_TOKENS = 192  # length of the passages the target writes to be summarize
 OWN_TURN_TOKENS = 96  # longest user turn the target writes for mix "self"
 OWN_TURN_TEMPERATURE = 0.9  # below 1: its own turns read like requests, not noise, and still differ
 LOG_FILE = "train-log.jsonl"
+DATASTORE_FILE = "datastore/datastore.safetensors"  # in a folder of its own, as STATE_FILE
 
 
 @dataclass
@@ -710,8 +711,24 @@ def distill(cfg: DistillConfig, progress=True) -> Path:
     save_draft(draft, target_path, out)
     write_head_tokens(head_ids, examples, cfg.heldout, out)
     write_draft_gguf(out, cfg.target)
+    write_datastore([data], out / DATASTORE_FILE, draft.config.vocab_size, " ".join(cfg.command))
     plot_log(out)
     return out
+
+
+def write_datastore(data_dirs, out: Path, vocab_size: int, recipe: str = "") -> Path:
+    """The target's replies in the runs' data (each written reply once) as a datastore for
+    retrieval drafting (specdec.datastore): what it writes again and again, whatever the prompt."""
+    from .datastore import Datastore
+
+    replies = {}
+    for data in data_dirs:
+        for e in load_data(Path(data)):
+            reply = _written(e).numpy()
+            replies.setdefault(reply.tobytes(), reply)
+    if not replies:
+        raise ValueError(f"no training data in {', '.join(map(str, data_dirs))}")
+    return Datastore(list(replies.values()), vocab_size, name=Path(out).name).save(out, recipe)
 
 
 def write_draft_gguf(out: Path, target: str) -> Path:

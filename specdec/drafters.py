@@ -21,6 +21,7 @@ import time
 import numpy as np
 import torch
 
+from .datastore import Datastore
 from .models.base import LanguageModel, Rows, as_language_model
 from .sampling import SamplingParams, logits_to_probs, sample
 
@@ -124,6 +125,46 @@ def find_match(seq: np.ndarray, max_ngram: int, min_ngram: int) -> tuple[int, in
         if hits.size:
             return int(hits[-1]) + n, n
     return None
+
+
+class DatastoreDrafter(Drafter):
+    """Proposes the store's continuation of the context's longest stored suffix.
+
+    Each suffix length is a source of its own ("store2" .. "store8"), as prompt lookup's
+    match lengths are: a longer match is a better bet, and `num_draft_tokens="auto"` learns
+    by how much."""
+
+    def __init__(self, store):
+        super().__init__()
+        self.store = store if isinstance(store, Datastore) else Datastore.load(store)
+        self.vocab_size = self.store.vocab_size
+        self._last: dict[int, tuple] = {}  # per row, as NgramDrafter: the last search, kept for propose
+
+    def begin(self, capacity: int, batch: int = 1) -> None:
+        super().begin(capacity, batch)
+        self._last = {}
+
+    def _match(self, ids, row):
+        last = self._last.get(row)
+        if last is None or last[0] is not ids or last[1] != len(ids):
+            start = time.perf_counter()
+            last = self._last[row] = ids, len(ids), self.store.match(ids)
+            self.seconds += time.perf_counter() - start
+        return last[2]
+
+    def sources(self, ids, row=0):
+        found = self._match(ids, row)
+        return (f"store{found[0]}",) if found else ()
+
+    def propose(self, ids, k, params, generator, source=None, row=0):
+        found = self._match(ids, row)
+        start = time.perf_counter()
+        tokens = self.store.continuation(found, k) if found else []
+        self.seconds += time.perf_counter() - start
+        return tokens, None
+
+    def __repr__(self) -> str:
+        return f"DatastoreDrafter({self.store.name}, {len(self.store):,} tokens)"
 
 
 class ModelDrafter(Drafter):
@@ -285,62 +326,88 @@ class ModelDrafter(Drafter):
 
 
 class CompositeDrafter(Drafter):
-    """Prompt lookup when the context has a match, else the model draft.
+    """Prompt lookup when the context has a match, else a datastore's continuation (if it
+    has one), else the model draft; a model draft or a datastore, or both, beside the lookup.
 
-    A lookup costs microseconds and is right often where the output copies the input; the
-    model covers the rest. With `num_draft_tokens="auto"` the schedule may also prefer the
-    model where a match is a poor bet (a lone repeated token, say), from how each source
+    A lookup or a datastore costs microseconds and is right often where the output copies
+    the input (the lookup) or repeats the target's usual phrases (the datastore); the model
+    covers the rest. With `num_draft_tokens="auto"` the schedule may also prefer a later
+    source where an earlier one is a poor bet (a lone repeated token, say), from how each
     has done so far. Either way the choice is made before anything is drawn, so each step's
-    q is that of the drafter that proposed (one-hot for a lookup), as the acceptance rule needs.
+    q is that of the drafter that proposed (one-hot for a lookup or a datastore), as the
+    acceptance rule needs.
     """
 
-    def __init__(self, model_draft, lookup: NgramDrafter | None = None, tokenizer=None, min_confidence: float = 0.0):
+    def __init__(self, model_draft=None, lookup: NgramDrafter | None = None, tokenizer=None,
+                 min_confidence: float = 0.0, datastore=None):
         super().__init__()
+        if model_draft is None and datastore is None:
+            raise ValueError("a composite drafter needs a model draft or a datastore beside its lookup")
         self.lookup = lookup or NgramDrafter()
-        self.model = model_draft if isinstance(model_draft, ModelDrafter) else ModelDrafter(
-            model_draft, tokenizer, min_confidence)
-        self.vocab_size, self.tokenizer = self.model.vocab_size, self.model.tokenizer
-        self.max_context, self.batches = self.model.max_context, self.model.batches
+        self.store = (None if datastore is None else
+                      datastore if isinstance(datastore, DatastoreDrafter) else DatastoreDrafter(datastore))
+        self.model = (None if model_draft is None else model_draft if isinstance(model_draft, ModelDrafter) else
+                      ModelDrafter(model_draft, tokenizer, min_confidence))
+        if self.model is None:
+            self.vocab_size, self.tokenizer = self.store.vocab_size, tokenizer
+        else:
+            self.vocab_size, self.tokenizer = self.model.vocab_size, self.model.tokenizer
+            self.max_context, self.batches = self.model.max_context, self.model.batches
+            if self.store and self.store.vocab_size != self.vocab_size:
+                raise ValueError(f"the datastore's vocabulary ({self.store.vocab_size}) is not the draft's "
+                                 f"({self.vocab_size})")
+        self.parts = [d for d in (self.lookup, self.store, self.model) if d is not None]  # preferred first
 
     def begin(self, capacity: int, batch: int = 1) -> None:
         super().begin(capacity, batch)
-        self.lookup.begin(capacity, batch)
-        self.model.begin(capacity, batch)
+        for part in self.parts:
+            part.begin(capacity, batch)
 
     def prefill(self, prompts):
-        self.model.prefill(prompts)
+        if self.model:
+            self.model.prefill(prompts)
 
     def check_prompts(self, prompts):
-        self.model.check_prompts(prompts)
+        if self.model:
+            self.model.check_prompts(prompts)
 
     def counters(self, row=0):
-        return self.model.counters(row)
+        return self.model.counters(row) if self.model else {}
 
     def sources(self, ids, row=0):
-        # Past the model's context the lookup goes on alone.
-        return self.lookup.sources(ids, row) + self.model.sources(ids, row)
+        # Past the model's context the lookup and the datastore go on alone.
+        return sum((part.sources(ids, row) for part in self.parts), ())
+
+    def _owner(self, source: str) -> Drafter:
+        if source == "model":
+            return self.model
+        return self.store if source.startswith("store") else self.lookup
 
     def propose_rows(self, requests, params, generators):
         out, to_model = {}, {}
         for row, (ids, k, source) in requests.items():
-            tokens, q = [], None
-            if source != "model":
-                tokens, q = self.lookup.propose(ids, k, params, generators[row], row=row)
-            if tokens:
-                out[row] = tokens, q
-            else:  # no match (or the schedule chose the model): the model drafts, if it has room
+            source = source or next(iter(self.sources(ids, row)), "model")
+            owner = self._owner(source)
+            if owner is not self.model:
+                tokens, q = owner.propose(ids, k, params, generators[row], row=row)
+                if tokens:
+                    out[row] = tokens, q
+                    continue
+            if self.model:  # nothing there (or the schedule chose the model): the model drafts, if it has room
                 to_model[row] = ids, k, "model"
         if to_model:
             out.update(self.model.propose_rows(to_model, params, generators))
-        self.calls, self.seconds = self.model.calls, self.lookup.seconds + self.model.seconds
-        self.setup_seconds = self.model.setup_seconds
+        self.calls = self.model.calls if self.model else 0
+        self.seconds = sum(part.seconds for part in self.parts)
+        self.setup_seconds = self.model.setup_seconds if self.model else 0.0
         return out
 
     def commit(self, ids, row=0):
-        self.model.commit(ids, row)
+        if self.model:
+            self.model.commit(ids, row)
 
     def __repr__(self) -> str:
-        return f"CompositeDrafter({self.lookup!r}, {self.model!r})"
+        return f"CompositeDrafter({', '.join(map(repr, self.parts))})"
 
 
 def as_drafter(draft, tokenizer=None) -> Drafter:

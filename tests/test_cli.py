@@ -360,9 +360,11 @@ def test_bench_runs_a_spec_bench_file_with_the_default_methods(capsys, tmp_path)
     assert rc == 0, err
     report = json.loads((tmp_path / "out" / "report.json").read_text())
     assert [p["id"] for p in report["prompts"]] == ["1", "161"]
-    # the defaults: the shipped draft, every drafter with k = auto, no fixed k
-    assert [m["name"] for m in report["methods"]] == ["normal", "spec-ngram-kauto", "spec-draft-kauto",
-                                                      "spec-composite-kauto"]
+    # the defaults: the shipped draft and datastore, every drafter with k = auto, no fixed k
+    assert [m["name"] for m in report["methods"]] == ["normal", "spec-ngram-kauto", "spec-store-kauto",
+                                                      "spec-draft-kauto", "spec-composite-kauto"]
+    assert report["config"]["datastore"] == "smollm2-135m-instruct"
+    assert set(report["composite_vs_sources"]["spec-composite-kauto"]["overall"]) >= {"best_source", "ratio"}
     for m in report["methods"]:
         assert set(m["categories"]) == {"writing", "summarization"}
         assert m["mismatches"] == []  # float32 greedy
@@ -384,7 +386,7 @@ def test_bench_batch_sizes_runs_the_batched_study(capsys, tmp_path):
     report = json.loads((tmp_path / "out" / "report.json").read_text())
     b = report["batched"]
     assert b["batch_sizes"] == [1, 2, 4] and len(b["prompts"]) == 4
-    assert b["methods"] == ["normal", "spec-ngram-kauto", "spec-draft-kauto", "spec-composite-kauto"]
+    assert b["methods"] == ["normal", "spec-ngram-kauto", "spec-store-kauto", "spec-draft-kauto", "spec-composite-kauto"]
     for size in ("1", "2", "4"):
         for name, e in b["by_batch"][size].items():
             assert e["tokens_per_s"] > 0 and e["latency_ms_per_token"]["p90"] >= e["latency_ms_per_token"]["median"]

@@ -2,11 +2,13 @@
 from __future__ import annotations
 
 import math
+from collections import Counter
 
 import pytest
 import torch
 
-from specdec import CompositeDrafter, HFAdapter, ModelDrafter, NgramDrafter, generate, load_model, speculative_generate
+from specdec import (CompositeDrafter, Datastore, HFAdapter, ModelDrafter, NgramDrafter, generate, load_model,
+                     speculative_generate)
 from specdec.schedule import AdaptiveK
 from tiny import CONFIGS, save_tiny, tiny_gpt2, tiny_hf_model
 
@@ -18,7 +20,7 @@ PROMPTS = {
     "random": [3, 41, 17, 59, 8, 22, 36, 1, 50],
     "repeated": [5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6, 7, 8, 5, 6, 7],
 }
-DRAFTS = ["target", "poor", "noisy", "ngram", "raw-hf", "composite", "confident", "head"]
+DRAFTS = ["target", "poor", "noisy", "ngram", "raw-hf", "composite", "confident", "head", "store", "all-three"]
 KS = [1, 2, 4, 8, "auto"]
 
 
@@ -66,8 +68,11 @@ def models(tmp_path_factory):
     with torch.no_grad():
         for p in noisy.module.parameters():
             p.add_(torch.randn(p.shape, generator=g) * 0.15 * p.std())
+    # A datastore of what the noisy model writes: its continuations agree with the target's in part.
+    writes = [generate(noisy, None, [int(t) for t in torch.randint(0, 64, (3,), generator=g)], 40).token_ids
+              for _ in range(40)]
     return {"target": target, "poor": poor, "noisy": noisy, "hf_target": tiny_hf_model("llama", seed=0),
-            "raw_hf_draft": tiny_hf_model("qwen2", seed=2)}
+            "raw_hf_draft": tiny_hf_model("qwen2", seed=2), "store": Datastore(writes, 64)}
 
 
 @pytest.fixture(scope="module")
@@ -90,6 +95,10 @@ def make_draft(kind, models):
         return ModelDrafter(models["noisy"], min_confidence=0.045)
     if kind == "head":  # scores only every other token: it can never propose the rest
         return ModelDrafter(models["noisy"], head_tokens=list(range(0, models["noisy"].vocab_size, 2)))
+    if kind == "store":  # lookup, else the datastore's continuation: no model
+        return CompositeDrafter(datastore=models["store"])
+    if kind == "all-three":  # lookup, else the datastore, else the noisy model
+        return CompositeDrafter(models["noisy"], datastore=models["store"])
     return models["raw_hf_draft"]
 
 
@@ -121,7 +130,8 @@ def test_speculative_equals_greedy(prompt_name, draft_kind, k, models, reference
     assert res.finish_reason == "length"
     assert res.prompt_ids == PROMPTS[prompt_name]
     assert res.text is None
-    check_stats(res, drafter_has_model={"ngram": False, "composite": None, "confident": None, "head": None}.get(draft_kind, True))
+    check_stats(res, drafter_has_model={"ngram": False, "composite": None, "confident": None, "head": None,
+                                        "store": False, "all-three": None}.get(draft_kind, True))
     if draft_kind == "confident" and k in (4, 8):
         assert 0 < res.stats.drafted < k * (res.stats.target_calls - 1)  # the stop did cut blocks
     assert len(res.stats.proposed_at) <= (AdaptiveK().k_max if k == "auto" else k)
@@ -181,6 +191,29 @@ def test_composite_proposes_from_the_chosen_source(models):
     model_only.begin(64)
     model_only.prefill([ids])
     assert drafted == model_only.propose(ids, 3, SamplingParams(0.0), None)[0]
+
+
+def test_the_datastore_drafts_where_lookup_has_nothing_and_is_partly_right(models, reference):
+    # Over the three prompts at k = 4: the store proposed, was accepted, and was rejected; and
+    # with the model beside it, all three sources drafted within one generation.
+    store_steps = accepted = rejected = 0
+    for name, prompt in PROMPTS.items():
+        res = speculative_generate(models["target"], CompositeDrafter(datastore=models["store"]), None, prompt,
+                                   MAX_TOKENS, num_draft_tokens=4)
+        assert res.token_ids == reference[name]
+        store_steps += res.stats.drafted > 0
+        accepted += res.stats.accepted
+        rejected += res.stats.rejections
+    assert store_steps and accepted and rejected
+    # The composite prefers the lookup, then the store, then the model: along these outputs each
+    # comes first somewhere, so a fixed k drafts from all three.
+    comp = CompositeDrafter(models["noisy"], datastore=models["store"])
+    comp.begin(64)
+    first = Counter()
+    for name, prompt in PROMPTS.items():
+        ids = prompt + reference[name]
+        first.update(comp.sources(ids[:t])[0].rstrip("0123456789") for t in range(len(prompt), len(ids)))
+    assert set(first) == {"lookup", "store", "model"}, first
 
 
 def test_accepted_per_position_reports_zero_rates():

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from specdec import CompositeDrafter, NgramDrafter, generate, load_model, speculative_generate
+from specdec import CompositeDrafter, Datastore, NgramDrafter, generate, load_model, speculative_generate
 from specdec.models.gguf_write import write_gguf
 from tiny import needs_model, save_tiny
 
@@ -55,13 +55,15 @@ def test_gguf_logits_match_the_native_engine(files):
 
 
 @pytest.mark.parametrize("k", [1, 4, "auto"])
-@pytest.mark.parametrize("kind", ["self", "other", "ngram", "composite"])
+@pytest.mark.parametrize("kind", ["self", "other", "ngram", "composite", "store"])
 @pytest.mark.parametrize("prompt", sorted(PROMPTS))
 def test_speculative_equals_greedy_on_the_engine(target, files, kind, k, prompt):
     ref = generate(target, None, PROMPTS[prompt], 24)
     draft = {"self": lambda: target, "other": lambda: load_model(files["draft"][1], engine="llama.cpp"),
              "ngram": NgramDrafter, "composite": lambda: CompositeDrafter(
-                 load_model(files["draft"][1], engine="llama.cpp"))}[kind]()
+                 load_model(files["draft"][1], engine="llama.cpp")),
+             "store": lambda: CompositeDrafter(load_model(files["draft"][1], engine="llama.cpp"), datastore=Datastore(
+                 [generate(target, None, [t, 2 * t], 16).token_ids for t in range(1, 30)], target.vocab_size))}[kind]()
     out = speculative_generate(target, draft, None, PROMPTS[prompt], 24, num_draft_tokens=k)
     assert out.token_ids == ref.token_ids
     if kind == "self" and k != "auto":
@@ -219,12 +221,12 @@ def test_bench_on_the_engine_with_llama_cpp_peers(tmp_path):
     prompts = tmp_path / "p.jsonl"
     prompts.write_text(json.dumps({"question_id": 1, "category": "rag", "turns": [
         "Passage: The ferry leaves the north pier at nine and at noon.\n\nQuestion: When does the ferry leave?"]}) + "\n")
-    cfg = BenchConfig(engine="llama.cpp", draft="smollm2-135m-instruct-draft", prompts=str(prompts), max_tokens=10,
-                      trials=1, threads=2, peers=False)
+    cfg = BenchConfig(engine="llama.cpp", draft="smollm2-135m-instruct-draft", datastore="smollm2-135m-instruct",
+                      prompts=str(prompts), max_tokens=10, trials=1, threads=2, peers=False)
     report = run_benchmark(cfg, progress=False, log=lambda msg: None)
     names = [m["name"] for m in report["methods"]]
-    assert names == ["normal", "spec-ngram-kauto", "spec-draft-kauto", "spec-composite-kauto", "llama.cpp-greedy",
-                     "llama.cpp-prompt-lookup-k10"]
+    assert names == ["normal", "spec-ngram-kauto", "spec-store-kauto", "spec-draft-kauto", "spec-composite-kauto",
+                     "llama.cpp-greedy", "llama.cpp-prompt-lookup-k10"]
     assert report["environment"]["engine"] == "llama.cpp" and report["environment"]["llama_cpp_python"]
     by = {m["name"]: m for m in report["methods"]}
     for name in names:  # the same weights and greedy: any divergence must be a tie

@@ -62,10 +62,13 @@ class BatchMethod:
                 "tokens": [g.token_ids for g in gens], "stats": [_stats_dict(g.stats) for g in gens]}
 
 
-def batch_methods(target, draft_model, ks, sampling) -> list[BatchMethod]:
+def batch_methods(target, draft_model, ks, sampling, store=None) -> list[BatchMethod]:
     drafters = {"ngram": NgramDrafter}
+    if store is not None:
+        drafters["store"] = lambda: CompositeDrafter(datastore=store)
     if draft_model is not None:
-        drafters.update(draft=lambda: ModelDrafter(draft_model), composite=lambda: CompositeDrafter(draft_model))
+        drafters.update(draft=lambda: ModelDrafter(draft_model),
+                        composite=lambda: CompositeDrafter(draft_model, datastore=store))
     return [BatchMethod("normal", target, sampling)] + [
         BatchMethod(f"spec-{name}-k{k}", target, sampling, make, k, name) for name, make in drafters.items() for k in ks]
 
@@ -111,11 +114,11 @@ def batches_of(prompts, batch_sizes) -> tuple[list, dict[int, list[list]]]:
     return order, {b: [order[i: i + b] for i in range(0, len(order), b)] for b in batch_sizes}
 
 
-def run_batch_study(cfg, prompts, target, draft_model, progress=True, log=print) -> dict:
+def run_batch_study(cfg, prompts, target, draft_model, progress=True, log=print, store=None) -> dict:
     from tqdm.auto import tqdm
 
     sampling = dict(temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p, seed=0)
-    methods = batch_methods(target, draft_model, cfg.ks, sampling)
+    methods = batch_methods(target, draft_model, cfg.ks, sampling, store)
     chosen, split = batches_of(prompts, cfg.batch_sizes)
     log(f"batched study: {len(chosen)} prompts in batches of {cfg.batch_sizes}, {len(methods)} methods ...")
     log("measuring verify pass costs per (B, k) ...")

@@ -26,7 +26,8 @@ from .. import __version__
 from ..bridge import needs_bridge
 from ..drafters import CompositeDrafter, ModelDrafter, NgramDrafter
 from ..models import kernel
-from ..models.loading import DEFAULT_MODEL, LLAMA_CPP_ONLY, default_engine, hf_checkpoint, load_model, resolve_dtype
+from ..models.loading import (DEFAULT_MODEL, LLAMA_CPP_ONLY, default_engine, hf_checkpoint, load_datastore, load_model,
+                              resolve_dtype)
 from ..schedule import AdaptiveK
 from . import methods as M
 from .ceiling import ceilings
@@ -41,6 +42,7 @@ class BenchConfig:
     model: str = DEFAULT_MODEL
     engine: str = "native"  # what runs the target and the draft: "native" or "llama.cpp"
     draft: str | None = None  # a draft model (name or path); the n-gram drafter always runs
+    datastore: str | None = None  # a datastore file, or an embedded target's name for its shipped one
     dtype: str | None = None
     device: str = "cpu"
     threads: int | None = None
@@ -197,19 +199,25 @@ def measure_costs(target, drafts: dict, ks) -> dict:
     return out
 
 
-def build_methods(cfg: BenchConfig, target, draft_model, hf, hf_draft, llama_gguf=None, n_ctx=None) -> list[M.Method]:
+def build_methods(cfg: BenchConfig, target, draft_model, hf, hf_draft, llama_gguf=None, n_ctx=None,
+                  store=None) -> list[M.Method]:
     # n_ctx: llama.cpp's own loops, whose context must leave room past the longest request:
     # its speculative loop writes a block of drafts before it checks the context's end.
     # A fixed seed: each prompt's sampled output is the same in every trial, so trials time the same work.
     sp = dict(temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p, seed=0)
     ks = cfg.ks
+    # The composite's parts run alone too: prompt lookup, lookup + the datastore, the draft.
     drafters = {"ngram": NgramDrafter}
+    if store is not None:
+        drafters["store"] = lambda: CompositeDrafter(datastore=store)
     if draft_model is not None:
-        drafters.update(draft=lambda: ModelDrafter(draft_model), composite=lambda: CompositeDrafter(draft_model))
+        drafters.update(draft=lambda: ModelDrafter(draft_model),
+                        composite=lambda: CompositeDrafter(draft_model, datastore=store))
         if cfg.min_confidence:
             stop = cfg.min_confidence
             drafters.update({"draft-stop": lambda: ModelDrafter(draft_model, min_confidence=stop),
-                             "composite-stop": lambda: CompositeDrafter(draft_model, min_confidence=stop)})
+                             "composite-stop": lambda: CompositeDrafter(draft_model, min_confidence=stop,
+                                                                        datastore=store)})
     methods: list[M.Method] = [M.Normal(target, sp)]
     methods += [M.Speculative(target, make(), name, k, sp) for name, make in drafters.items() for k in ks]
     if hf is not None:
@@ -343,6 +351,7 @@ def _run(cfg: BenchConfig, progress: bool, log) -> dict:
         t0 = time.perf_counter()
         draft_model = load_model(cfg.draft, dtype=dtype, device=cfg.device, engine=default_engine(cfg.draft, cfg.engine))
         load_s["draft"] = time.perf_counter() - t0
+    store = load_datastore(cfg.datastore) if cfg.datastore else None
     hf = hf_draft = None
     if cfg.peers and not cfg.batch_sizes and cfg.model in LLAMA_CPP_ONLY:
         log(f"transformers peers skipped: {cfg.model} has no transformers checkpoint here")
@@ -358,12 +367,12 @@ def _run(cfg: BenchConfig, progress: bool, log) -> dict:
     if cfg.batch_sizes:
         from .batched import run_batch_study
 
-        batched = run_batch_study(cfg, prompts, target, draft_model, progress, log)
+        batched = run_batch_study(cfg, prompts, target, draft_model, progress, log, store)
         return {"schema": SCHEMA, "batched": batched, "environment": environment(cfg, dtype), "config": asdict(cfg),
                 "load_seconds": load_s}
     llama_gguf = llama_cpp_peer_file(cfg, target, dtype)
     methods = build_methods(cfg, target, draft_model, hf, hf_draft, llama_gguf,
-                            n_ctx=max(len(p.ids) for p in prompts) + cfg.max_tokens + 64)
+                            n_ctx=max(len(p.ids) for p in prompts) + cfg.max_tokens + 64, store=store)
     # The draft as it drafts: through ModelDrafter, with the head its checkpoint lists (if any).
     costs = measure_costs(target, {"draft": ModelDrafter(draft_model).model} if draft_model is not None else {},
                           cfg.fixed_ks)
@@ -460,14 +469,17 @@ LLAMA_CPP_BASELINE = "llama.cpp-greedy"
 
 
 def composite_vs_sources(methods, per_prompt: dict, prompts) -> dict:
-    """The composite drafter against its own parts at the same k: per category, the faster of
-    lookup alone and the draft alone there (by its geometric-mean speedup over plain decoding),
-    and the composite's paired per-prompt speedup over that one. Below 1.0 the default loses to
+    """The composite drafter against its own parts at the same k: per category, the fastest of
+    lookup alone, lookup with the datastore (where one runs) and the draft alone there (by its
+    geometric-mean speedup over plain decoding), and the composite's paired per-prompt speedup
+    over that one. Below 1.0 the default loses to
     one of its own sources in that category. per_prompt: method name -> `_per_prompt` of it."""
     by_name = {(m.drafter, m.k): m.name for m in methods if m.family == "specdec"}
     out = {}
     for (drafter, k), name in by_name.items():
-        parts = {d: by_name.get((d, k)) for d in ("ngram", "draft")}
+        parts = {d: by_name.get((d, k)) for d in ("ngram", "store", "draft")}
+        if "store" not in {d for d, _ in by_name}:
+            del parts["store"]
         if drafter != "composite" or None in parts.values():
             continue
         per, base = per_prompt, per_prompt["normal"]

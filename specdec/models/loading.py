@@ -41,6 +41,9 @@ SHIPPED_DRAFTS = {
 }
 # The draft the CLI uses for an embedded target unless told otherwise.
 DEFAULT_DRAFTS = {"smollm2-135m-instruct": "smollm2-135m-instruct-draft"}
+# A datastore of the target's own writing (specdec.datastore), by target name; the CLI's
+# drafters with prompt lookup use it for an embedded target unless told otherwise.
+SHIPPED_DATASTORES = {"smollm2-135m-instruct": ASSETS / "smollm2-135m-instruct-datastore.safetensors"}
 SHARED_TENSORS = ("model.embed_tokens.weight", "lm_head.weight")
 # A draft checkpoint may list the tokens its output head should score (see ModelDrafter).
 HEAD_TOKENS_FILE = "head_tokens.json"
@@ -282,6 +285,13 @@ def load_model(name_or_path=DEFAULT_MODEL, *, dtype=None, device="cpu", engine="
     if (path / HEAD_TOKENS_FILE).exists():
         lm.head_tokens = json.loads((path / HEAD_TOKENS_FILE).read_text())["token_ids"]
     return lm
+
+
+def load_datastore(name_or_path):
+    """A datastore by the name of the target it was written for (a shipped one), or its file."""
+    from ..datastore import Datastore
+
+    return Datastore.load(SHIPPED_DATASTORES.get(str(name_or_path), Path(str(name_or_path)).expanduser()))
 
 
 def gguf_for(name_or_path, dtype=None) -> Path:
