@@ -72,11 +72,15 @@ def draft_model_arg(args) -> str | None:
 
 
 def resolve_draft(args) -> str:
-    """--draft's default for generate/demo: the shipped draft with prompt lookup, else prompt lookup."""
+    """--draft's default for generate/demo: prompt lookup (with the target's datastore, where one
+    ships: the fastest drafter measured for the default target, docs/benchmark.md), else the
+    shipped draft with prompt lookup, else prompt lookup."""
+    from .models.loading import SHIPPED_DATASTORES
+
     if args.draft is not None:
         return args.draft
     shipped = draft_model_arg(args)
-    return f"composite:{shipped}" if shipped else "ngram"
+    return f"composite:{shipped}" if shipped and str(args.model) not in SHIPPED_DATASTORES else "ngram"
 
 
 def datastore_arg(args) -> str | None:
@@ -354,9 +358,9 @@ def build_parser() -> argparse.ArgumentParser:
     g = sub.add_parser("generate", help="generate text, streaming it, then print a summary line")
     g.add_argument("prompt")
     add_model_args(g)
-    g.add_argument("--draft", default=None, help="'ngram' (prompt lookup), 'none' (plain decoding), a model, "
-                   "or 'composite:MODEL' (prompt lookup when the context has a match, else the model); default: "
-                   "composite with the shipped draft for the default target, else 'ngram'")
+    g.add_argument("--draft", default=None, help="'ngram' (prompt lookup, with --datastore), 'none' (plain "
+                   "decoding), a model, or 'composite:MODEL' (prompt lookup when the context has a match, else the "
+                   "datastore, else the model); default: 'ngram' with the shipped datastore for the default target")
     g.add_argument("--min-confidence", type=_confidence, default=0.0, help="the draft model stops proposing "
                    "where its top probability is below this (0: never)")
     g.add_argument("--datastore", default=None, help=DATASTORE_HELP)

@@ -273,6 +273,21 @@ def test_text_stream_follows_sys_stdout():
     assert sink.getvalue() == "xx"
 
 
+def test_the_default_drafter_is_lookup_with_the_shipped_datastore():
+    from specdec import CompositeDrafter, NgramDrafter
+    from specdec.cli import build_parser, load_datastore_arg, make_drafter, resolve_draft
+
+    args = build_parser().parse_args(["generate", "hi"])
+    drafter = make_drafter(resolve_draft(args), None, None, datastore=load_datastore_arg(args))
+    assert isinstance(drafter, CompositeDrafter) and drafter.model is None
+    assert drafter.store.store.vocab_size == 49152 and len(drafter.store.store) > 500_000
+    args = build_parser().parse_args(["generate", "hi", "--datastore", "none"])
+    assert isinstance(make_drafter(resolve_draft(args), None, None, datastore=load_datastore_arg(args)), NgramDrafter)
+    # Another target: no datastore ships for it; prompt lookup alone.
+    args = build_parser().parse_args(["generate", "hi", "--model", "some/dir"])
+    assert resolve_draft(args) == "ngram" and load_datastore_arg(args) is None
+
+
 @needs_model
 def test_generate_streams_text_and_summary(capsys, spy_load, monkeypatch):
     prompt = "What is 2+2?"
@@ -284,10 +299,9 @@ def test_generate_streams_text_and_summary(capsys, spy_load, monkeypatch):
     assert m and m.group(3), summary  # a draft is the default: acceptance is reported
     n = int(m.group(1))
     assert 1 <= n <= 8
-    # The default draft of the default target: its shipped draft, in the same dtype.
-    target, draft = spy_load
-    assert draft.name == "smollm2-135m-instruct-draft"
-    assert target.dtype == draft.dtype == torch.float32
+    # The default drafter of the default target: prompt lookup with its shipped datastore, no draft model.
+    (target,) = spy_load
+    assert target.dtype == torch.float32
     expected = generate(target, target.tokenizer, prompt, 8, chat=True)
     assert n == len(expected.token_ids) and m.group(2) == expected.finish_reason
     assert out == expected.text + "\n"

@@ -1,24 +1,26 @@
 """Would a datastore of the target's own writing draft where prompt lookup finds nothing?
-A replay, not a drafter.
+A replay of `specdec.datastore` against the target's greedy output.
 
 Prompt lookup proposes what followed the context's last n-gram in the prompt, so it pays
 only where the output copies the input. Retrieval drafting (REST, He et al. 2024) looks
 the same suffix up in a corpus instead, and proposes the continuation most matches share.
-The corpus here is what the target wrote for `specdec distill` (its replies only, greedy
-and sampled; no bench prompt is in that data). Looking it up is a binary search, so it
-drafts for free, like prompt lookup.
+The corpus is the shipped datastore (what the target wrote for two `specdec distill` runs,
+its replies only; no bench prompt is in that data), or one written from the data of the
+runs given. Looking it up is a binary search, so it drafts for free, like prompt lookup.
 
 It replays, greedy, against the target's own output on the 26 held-out prompts: tokens
 per verification pass at best (as the bench's ceilings, `specdec.bench.ceiling`), for
 each source alone, for the composite's rule (lookup where it matches, else the draft),
 and for the datastore put between the two.
 
-    python3 scripts/probes/datastore_replay.py [--data DIR ...] [--k-max 4]
+    python3 scripts/probes/datastore_replay.py [--runs DISTILL_RUN ...] [--k-max 4]
 """
 from __future__ import annotations
 
 import argparse
+import tempfile
 from collections import Counter, defaultdict
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -27,79 +29,25 @@ from tqdm import tqdm
 import specdec
 from specdec.bench.ceiling import agreeing, draft_choices, draft_runs, fewest_passes, lookup_runs
 from specdec.bench.suite import load_suite, render
-from specdec.distill import load_data
+from specdec.distill import write_datastore
 from specdec.drafters import find_match
 
 HELDOUT = "specdec/bench/prompts/heldout-specbench-v1.jsonl"
-GAP = 0xFFFF  # between replies: no token has this id (vocabularies here are under 65,535)
-
-
-class Datastore:
-    """Token sequences in one array, with a suffix order over their first 8 tokens."""
-
-    def __init__(self, replies: list[np.ndarray], max_ngram: int = 8, min_ngram: int = 2, max_hits: int = 256):
-        self.max_ngram, self.min_ngram, self.max_hits = max_ngram, min_ngram, max_hits
-        self.tokens = np.concatenate([np.append(r, GAP) for r in replies]).astype(np.int64)
-        padded = np.concatenate([self.tokens, np.full(8, GAP)])
-        cols = [padded[i: i + len(self.tokens)] for i in range(8)]
-        # Two 64-bit keys, 4 tokens of 16 bits each: their order is the suffixes' order.
-        self.hi = (cols[0] << 48) | (cols[1] << 32) | (cols[2] << 16) | cols[3]
-        self.lo = (cols[4] << 48) | (cols[5] << 32) | (cols[6] << 16) | cols[7]
-        self.order = np.lexsort((self.lo, self.hi))
-        self.hi, self.lo = self.hi[self.order], self.lo[self.order]
-
-    def _range(self, gram: list[int]) -> tuple[int, int]:
-        """Suffixes that start with gram (len 1..8), as a slice of self.order."""
-        def bounds(keys, part, lo, hi):
-            n = len(part)
-            key = 0
-            for t in part:
-                key = (key << 16) | t
-            shift = 16 * (4 - n)
-            return (lo + int(np.searchsorted(keys[lo:hi], key << shift, "left")),
-                    lo + int(np.searchsorted(keys[lo:hi], ((key + 1) << shift) - 1, "right")))
-        lo, hi = bounds(self.hi, gram[:4], 0, len(self.hi))
-        if len(gram) > 4 and hi > lo:
-            lo, hi = bounds(self.lo, gram[4:], lo, hi)
-        return lo, hi
-
-    def propose(self, ids: list[int], k: int) -> tuple[list[int], int]:
-        """The continuation most hits share, token by token, after the longest suffix of ids
-        (max_ngram down to min_ngram tokens) found in the store, and that suffix's length;
-        ([], 0) where none is."""
-        for n in range(min(self.max_ngram, len(ids)), self.min_ngram - 1, -1):
-            lo, hi = self._range(ids[-n:])
-            if hi > lo:
-                starts = self.order[lo: min(hi, lo + self.max_hits)] + n
-                out = []
-                for _ in range(k):
-                    nxt = self.tokens[np.minimum(starts, len(self.tokens) - 1)]
-                    nxt = nxt[nxt != GAP]
-                    if not nxt.size:
-                        break
-                    values, counts = np.unique(nxt, return_counts=True)
-                    best = values[counts.argmax()]
-                    out.append(int(best))
-                    starts = starts[self.tokens[np.minimum(starts, len(self.tokens) - 1)] == best] + 1
-                return out, n
-        return [], 0
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--data", nargs="+", default=["drafts-local/specbench-mix/data", "drafts-local/self-mix/data"])
+    ap.add_argument("--runs", nargs="+", default=None, help="distill runs whose data to store (default: the shipped store)")
     ap.add_argument("--k-max", type=int, default=4)
     ap.add_argument("--max-tokens", type=int, default=96)
-    ap.add_argument("--min-ngram", type=int, default=2)
     args = ap.parse_args()
     torch.set_num_threads(2)
-    replies = {}
-    for d in args.data:
-        for e in load_data(d):  # the same prompt in two runs: keep one copy of each reply
-            reply = e.tokens[e.prompt_len:].numpy()
-            replies[reply.tobytes()] = reply
-    store = Datastore(list(replies.values()), min_ngram=args.min_ngram)
-    print(f"datastore: {len(replies)} replies, {len(store.tokens):,} tokens, from {', '.join(args.data)}")
+    if args.runs:
+        path = Path(tempfile.mkdtemp()) / "store.safetensors"
+        store = specdec.Datastore.load(write_datastore([Path(r) / "data" for r in args.runs], path, 49152))
+    else:
+        store = specdec.load_datastore("smollm2-135m-instruct")
+    print(f"datastore: {len(store):,} tokens, from {', '.join(args.runs or ['the shipped store'])}")
     target = specdec.load_model("smollm2-135m-instruct")
     drafter = specdec.ModelDrafter(specdec.load_model("smollm2-135m-instruct-draft"))
     prompts = load_suite(HELDOUT)
@@ -118,7 +66,8 @@ def main() -> None:
         for t in range(1, len(out)):
             ids, truth = seq[: len(p.ids) + t], out[t:]
             matched = find_match(np.asarray(ids), 3, 1) is not None  # what the composite's lookup sees
-            proposal, n_match = store.propose(ids, K)
+            found = store.match(ids)
+            proposal, n_match = (store.continuation(found, K), found[0]) if found else ([], 0)
             stored = agreeing(proposal, truth)
             by_n[n_match][0] += 1
             by_n[n_match][1] += stored > 0

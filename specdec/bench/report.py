@@ -223,10 +223,10 @@ def _md_composite_vs_sources(report: dict) -> list[str]:
         lines += [f"## `{name}` against its own sources", ""] + _table(
             ["category", f"{name} over normal", "faster source alone (over normal)", f"{name} over it [95% CI]"],
             table) + [
-            "The composite drafter is prompt lookup where the context matches, else the datastore's continuation "
-            "(where one runs), else the draft model. Per category, its speedup paired per prompt over the fastest "
-            "of its parts run alone at the same k (lookup, lookup with the datastore, the draft; chosen by their "
-            "geometric means there). Below 1.00x the default loses to one of its own sources.",
+            "A composite drafter is prompt lookup where the context matches, else the datastore's continuation "
+            "(where it has one), else the draft model (where it has one). Per category, its speedup paired per "
+            "prompt over the fastest of its parts run alone at the same k (lookup; lookup with the datastore; "
+            "the draft; chosen by their geometric means there). Below 1.00x it loses to one of its own parts.",
             ""]
     return lines
 

@@ -468,19 +468,22 @@ def _spec_metrics(rows: list[dict]) -> dict:
 LLAMA_CPP_BASELINE = "llama.cpp-greedy"
 
 
+# The drafters made of others, and the parts each is compared with when run alone.
+COMPOSITE_PARTS = {"store": ("ngram",), "composite": ("ngram", "store", "draft")}
+
+
 def composite_vs_sources(methods, per_prompt: dict, prompts) -> dict:
-    """The composite drafter against its own parts at the same k: per category, the fastest of
-    lookup alone, lookup with the datastore (where one runs) and the draft alone there (by its
+    """Each composite drafter against its own parts at the same k (lookup + datastore against
+    lookup alone; lookup + datastore + draft against lookup alone, lookup with the datastore
+    and the draft alone, those that ran): per category, the fastest part there (by its
     geometric-mean speedup over plain decoding), and the composite's paired per-prompt speedup
-    over that one. Below 1.0 the default loses to
-    one of its own sources in that category. per_prompt: method name -> `_per_prompt` of it."""
+    over it. Below 1.0 the composite loses to one of its own parts in that category.
+    per_prompt: method name -> `_per_prompt` of it."""
     by_name = {(m.drafter, m.k): m.name for m in methods if m.family == "specdec"}
     out = {}
     for (drafter, k), name in by_name.items():
-        parts = {d: by_name.get((d, k)) for d in ("ngram", "store", "draft")}
-        if "store" not in {d for d, _ in by_name}:
-            del parts["store"]
-        if drafter != "composite" or None in parts.values():
+        parts = {d: by_name[d, k] for d in COMPOSITE_PARTS.get(drafter, ()) if (d, k) in by_name}
+        if not parts:
             continue
         per, base = per_prompt, per_prompt["normal"]
         rows = {}
