@@ -92,7 +92,9 @@ class Datastore:
         """Up to k tokens after a match, each the one most of the occurrences still agreeing
         with the proposal so far write next (ties: the smaller id)."""
         n, lo, hi = found
-        at = self.order[lo: min(hi, lo + MAX_HITS)] + n
+        # The occurrences sit in the order of what follows them, so the first MAX_HITS would
+        # see only the smallest continuations: vote over hits spread evenly over the range.
+        at = self.order[np.linspace(lo, hi - 1, min(hi - lo, MAX_HITS)).astype(np.int64)] + n
         out = []
         for _ in range(k):
             nxt = self.tokens[at]  # the gap after each sequence keeps `at` inside the array
