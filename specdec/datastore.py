@@ -8,12 +8,13 @@ suffix share there: the phrases a model writes again and again ("Here are some t
 for free, like prompt lookup, and it is deterministic (q one-hot), so the acceptance rules
 stay exact.
 
-The index is a suffix order over the store's first `max_ngram` tokens: every position of
-the token array, sorted by the tokens that start there, packed `64 // bits` to a 64-bit
-word. The positions whose tokens start with a given n-gram are then one contiguous range,
-found by `searchsorted` a word at a time. `specdec distill` writes one from the target's
-own replies (`datastore.safetensors`), and one ships for the default target;
-`specdec.drafters.DatastoreDrafter` drafts from it.
+The index is a suffix order: every position of the token array, sorted by the MAX_NGRAM
+tokens that start there, packed `64 // bits` to a 64-bit word. The positions whose tokens
+start with a given n-gram are then one contiguous range, found by `searchsorted` a word at
+a time. `specdec distill` writes one from the target's own replies
+(`datastore/datastore.safetensors` in its run folder), `specdec datastore` from several
+runs, and one ships for the default target; `specdec.drafters.DatastoreDrafter` drafts
+from it.
 """
 from __future__ import annotations
 
@@ -21,7 +22,6 @@ from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
-
 
 MAX_NGRAM = 8  # longest suffix looked up: longer ones are rare in a store of this size
 MIN_NGRAM = 2  # a lone token recurs everywhere: its continuations say little
@@ -121,7 +121,8 @@ class Datastore:
 
     @classmethod
     def load(cls, path) -> "Datastore":
-        """A datastore file as `save` writes it (safetensors; its suffix order is rebuilt)."""
+        """A datastore file as `save` writes it (safetensors; its suffix order is rebuilt, in
+        about 0.3 s for 724k tokens). Loads are cached by path for the process."""
         return _load(str(Path(path).resolve()))
 
 
