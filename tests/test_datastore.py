@@ -56,6 +56,15 @@ def test_the_index_finds_what_a_scan_finds(vocab):
     assert checked[None] and checked[2] and sum(v for n, v in checked.items() if n and n >= 5)  # all kinds seen
 
 
+def test_the_vote_samples_the_whole_range_of_a_frequent_suffix():
+    # More occurrences than the vote reads: 200 write 3 after (1, 2), 400 write 9. The
+    # occurrences sit in the order of what follows them (all 3s first), so reading the first
+    # MAX_HITS of them would vote for 3.
+    assert 200 < MAX_HITS < 600
+    store = Datastore([[1, 2, 3]] * 200 + [[1, 2, 9]] * 400, 10)
+    assert store.continuation(store.match([1, 2]), 1) == [9]
+
+
 def test_no_match_crosses_from_one_sequence_into_the_next():
     store = Datastore([[1, 2, 3], [4, 5, 6]], 10)
     assert store.match([3, 4]) is None  # 3 ends one sequence, 4 starts the next
