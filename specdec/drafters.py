@@ -72,7 +72,32 @@ class Drafter:
         pass
 
 
-class NgramDrafter(Drafter):
+class _Lookup(Drafter):
+    """A model-free drafter that searches the context. The loop calls sources() then propose()
+    on one step's sequence: each row keeps (the sequence last searched, its length, what the
+    search found), so that the two search it once. Holding the list keeps its id unique."""
+
+    def __init__(self):
+        super().__init__()
+        self._last: dict[int, tuple] = {}
+
+    def begin(self, capacity: int, batch: int = 1) -> None:
+        super().begin(capacity, batch)
+        self._last = {}
+
+    def _search(self, ids):
+        raise NotImplementedError
+
+    def _match(self, ids, row):
+        last = self._last.get(row)
+        if last is None or last[0] is not ids or last[1] != len(ids):
+            start = time.perf_counter()
+            last = self._last[row] = ids, len(ids), self._search(ids)
+            self.seconds += time.perf_counter() - start
+        return last[2]
+
+
+class NgramDrafter(_Lookup):
     """Prompt lookup: find the most recent earlier occurrence of the last n tokens
     (n from max_ngram down to min_ngram) and propose what followed it.
 
@@ -85,21 +110,9 @@ class NgramDrafter(Drafter):
         if not 1 <= min_ngram <= max_ngram:
             raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
-        # Per row, (the sequence last searched, its length, the match): the loop's sources() then
-        # propose() on one step's sequence search it once. Holding the list keeps its id unique.
-        self._last: dict[int, tuple] = {}
 
-    def begin(self, capacity: int, batch: int = 1) -> None:
-        super().begin(capacity, batch)
-        self._last = {}
-
-    def _match(self, ids, row):
-        last = self._last.get(row)
-        if last is None or last[0] is not ids or last[1] != len(ids):
-            start = time.perf_counter()
-            last = self._last[row] = ids, len(ids), find_match(np.asarray(ids), self.max_ngram, self.min_ngram)
-            self.seconds += time.perf_counter() - start
-        return last[2]
+    def _search(self, ids):
+        return find_match(np.asarray(ids), self.max_ngram, self.min_ngram)
 
     def sources(self, ids, row=0):
         # A longer matched n-gram is a better bet: each length is a source of its own.
@@ -127,7 +140,7 @@ def find_match(seq: np.ndarray, max_ngram: int, min_ngram: int) -> tuple[int, in
     return None
 
 
-class DatastoreDrafter(Drafter):
+class DatastoreDrafter(_Lookup):
     """Proposes the store's continuation of the context's longest stored suffix.
 
     Each suffix length is a source of its own ("store2" .. "store8"), as prompt lookup's
@@ -138,19 +151,9 @@ class DatastoreDrafter(Drafter):
         super().__init__()
         self.store = store if isinstance(store, Datastore) else Datastore.load(store)
         self.vocab_size = self.store.vocab_size
-        self._last: dict[int, tuple] = {}  # per row, as NgramDrafter: the last search, kept for propose
 
-    def begin(self, capacity: int, batch: int = 1) -> None:
-        super().begin(capacity, batch)
-        self._last = {}
-
-    def _match(self, ids, row):
-        last = self._last.get(row)
-        if last is None or last[0] is not ids or last[1] != len(ids):
-            start = time.perf_counter()
-            last = self._last[row] = ids, len(ids), self.store.match(ids)
-            self.seconds += time.perf_counter() - start
-        return last[2]
+    def _search(self, ids):
+        return self.store.match(ids)
 
     def sources(self, ids, row=0):
         found = self._match(ids, row)
