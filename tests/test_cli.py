@@ -273,6 +273,13 @@ def test_text_stream_follows_sys_stdout():
     assert sink.getvalue() == "xx"
 
 
+def test_datastore_command_refuses_what_is_not_a_distill_run(capsys, tmp_path):
+    rc, _, err = run(capsys, "datastore", tmp_path, "--out", tmp_path / "s.safetensors")
+    assert rc == 2 and "not a distill run directory" in err
+    rc, _, err = run(capsys, "generate", "hi", "--datastore", tmp_path / "missing.safetensors")
+    assert rc == 2 and "no such file" in err
+
+
 def test_the_default_drafter_is_lookup_with_the_shipped_datastore():
     from specdec import CompositeDrafter, NgramDrafter
     from specdec.cli import build_parser, load_datastore_arg, make_drafter, resolve_draft

@@ -202,6 +202,30 @@ def test_training_on_a_head_list_scores_only_those_tokens(tmp_path, target, exam
     assert D.agreement(draft, held, head) == pytest.approx(rows[-1]["heldout_greedy_agreement"], abs=1e-4)
 
 
+def test_the_datastore_holds_each_reply_once_and_no_prompt(tmp_path, examples):
+    from safetensors.torch import save_file
+
+    from specdec import Datastore
+
+    data = tmp_path / "data"
+    data.mkdir()
+    tensors = {}
+    for e in examples:  # a shard as generate_data writes it
+        key = f"{e.prompt}.{'greedy' if e.greedy else 'sampled'}"
+        tensors[f"{key}.tokens"] = e.tokens.int()
+        tensors[f"{key}.prompt_len"] = torch.tensor([e.prompt_len], dtype=torch.int32)
+        tensors[f"{key}.top_ids"], tensors[f"{key}.top_logp"] = e.top_ids.contiguous(), e.top_logp.contiguous()
+    save_file(tensors, str(data / "shard-0000.safetensors"))
+    path = D.write_datastore([data, data], tmp_path / "store" / "s.safetensors", V, "a recipe")
+    store = Datastore.load(path)
+    replies = {tuple(e.tokens[e.prompt_len:].tolist()) for e in examples}
+    assert len(store) == sum(map(len, replies))  # each distinct reply once, though its data came twice
+    reply = list(next(iter(replies)))
+    assert store.match(reply[:8])[0] == 8
+    with pytest.raises(ValueError, match="no training data"):
+        D.write_datastore([tmp_path / "store"], tmp_path / "t.safetensors", V)
+
+
 def test_an_old_pickled_resume_state_is_refused_not_read(tmp_path, target, examples):
     (tmp_path / "train-state.pt").write_bytes(b"not read")
     with pytest.raises(ValueError, match="old pickle form"):
