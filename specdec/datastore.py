@@ -143,9 +143,5 @@ def _load(path: str) -> Datastore:
     vocab = int(meta["vocab_size"])
     if tokens.ndim != 1 or not tokens.size or tokens[-1] != vocab or tokens.max() > vocab:
         raise ValueError(f"datastore {path!r}: its tokens do not fit its vocabulary of {vocab}")
-    store = Datastore.__new__(Datastore)
-    store.vocab_size, store.name, store.gap, store.tokens = vocab, Path(path).name, vocab, tokens
-    store.bits = vocab.bit_length()
-    store.per_word = 64 // store.bits
-    store._index()
-    return store
+    sequences = np.split(tokens, np.flatnonzero(tokens == vocab) + 1)[:-1]  # each ends with its gap
+    return Datastore([seq[:-1] for seq in sequences], vocab, Path(path).name)
