@@ -81,9 +81,9 @@ def test_block_rows_are_one_token_passes_bit_for_bit(shape, tiny, lib):
     model = load_model(tiny[shape], dtype="bfloat16")
     assert kernel.supports(model.module)
     g = torch.Generator().manual_seed(sorted(SHAPES).index(shape))
-    # prefixes short enough for a kernel prefill and long enough for the torch one; blocks up to
-    # the kernel's limit; positions across attention's 128-position chunks.
-    for prefix_len, block_len in [(1, 2), (7, 5), (30, 17), (40, 9), (120, 17), (126, 32), (300, 3)]:
+    # blocks up to the kernel's limit, and past it (a prompt, read in passes of kernel.MAX_ROWS);
+    # positions across attention's 128-position chunks.
+    for prefix_len, block_len in [(1, 2), (7, 5), (30, 17), (40, 9), (120, 17), (126, 32), (300, 3), (5, 290)]:
         ids = torch.randint(0, 64, (prefix_len + block_len,), generator=g).tolist()
         assert_row_invariant(model, ids[:prefix_len], ids[prefix_len:])
 

@@ -210,3 +210,16 @@ def run(lib, module, blocks: list[torch.Tensor], seqs: list[int], cache, last_on
     if rc != 0:
         raise RuntimeError(f"kernel refused a pass of {tokens.shape[0]} rows")
     return list(logits.split([1] * len(sizes) if last_only else sizes))
+
+
+def run_long(lib, module, tokens: torch.Tensor, seq: int, cache, last_only: bool,
+             head_rows: torch.Tensor | None) -> torch.Tensor:
+    """A block longer than one pass takes (a prompt), appended to sequence `seq` in passes of
+    MAX_ROWS rows one after another; its logits ([T, head rows], or the last row). Each row is
+    the one-token pass's bits, as in any pass, so a prompt read this way leaves the same cache
+    as one read token by token. Moves the sequence's length."""
+    out = []
+    for piece in tokens.split(MAX_ROWS):  # with last_only, each piece's last row (a 128th more head)
+        out.append(run(lib, module, [piece], [seq], cache, last_only, head_rows)[0])
+        cache.lengths[seq] += piece.shape[0]
+    return out[-1] if last_only else torch.cat(out)

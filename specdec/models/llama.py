@@ -244,8 +244,8 @@ class Llama(nn.Module):
                       head: tuple[torch.Tensor, torch.Tensor] | None = None) -> list[torch.Tensor]:
         """Append blocks[b] (shape [T_b], possibly empty) to sequence b of the cache; logits per block.
         Blocks of up to kernel.BLOCK tokens share kernel passes, each row exactly as it would be
-        alone (kernel.cpp); longer ones (prefills), or all where the kernel is off, go through
-        torch one sequence at a time."""
+        alone (kernel.cpp); longer ones (prefills) run alone in passes of kernel.MAX_ROWS, one
+        after another; all go through torch, one sequence at a time, where the kernel is off."""
         if len(blocks) != cache.batch:
             raise ValueError(f"{len(blocks)} blocks for a cache of {cache.batch} sequences")
         for b, tokens in enumerate(blocks):
@@ -255,28 +255,29 @@ class Llama(nn.Module):
                 raise IndexError(f"token ids must be in [0, {self.cfg.vocab_size})")
         out: list[torch.Tensor | None] = [None] * len(blocks)
         lib = kernel.library() if kernel.supports(self) else None
+        rows = None if head is None else head[1]  # the logits below are of these rows, scattered at the end
         small = [b for b, t in enumerate(blocks) if 0 < t.shape[0] <= kernel.BLOCK] if lib is not None else []
         for group in kernel.passes(small, [blocks[b].shape[0] for b in small]):
-            logits = kernel.run(lib, self, [blocks[b] for b in group], group, cache, last_only,
-                                None if head is None else head[1])
-            for b, x in zip(group, logits):
-                out[b] = x if head is None else self._scatter_head(x, head[0])
+            for b, x in zip(group, kernel.run(lib, self, [blocks[b] for b in group], group, cache, last_only, rows)):
+                out[b] = x
                 cache.lengths[b] += blocks[b].shape[0]
         for b, tokens in enumerate(blocks):
-            if out[b] is None:
-                out[b] = self._forward_torch(tokens, cache.row(b), cache.lengths[b], last_only, head)
+            if out[b] is None and lib is not None and tokens.shape[0]:  # a prompt; moves the length itself
+                out[b] = kernel.run_long(lib, self, tokens, b, cache, last_only, rows)
+            elif out[b] is None:
+                out[b] = self._forward_torch(tokens, cache.row(b), cache.lengths[b], last_only, rows)
                 cache.lengths[b] += tokens.shape[0]
-        return out
+        return out if head is None else [self._scatter_head(x, head[0]) for x in out]
 
     def _scatter_head(self, logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         full = torch.full((logits.shape[0], self.cfg.vocab_size), -math.inf, device=logits.device)
         full[:, ids] = logits
         return full
 
-    def _forward_torch(self, tokens, cache: KVCache, start: int, last_only, head) -> torch.Tensor:
+    def _forward_torch(self, tokens, cache: KVCache, start: int, last_only, rows) -> torch.Tensor:
         T = tokens.shape[0]
         if T == 0:
-            return torch.empty((0, self.cfg.vocab_size), device=tokens.device)
+            return torch.empty((0, self.cfg.vocab_size if rows is None else rows.shape[0]), device=tokens.device)
         x = self.model.embed_tokens(tokens)[None]
         # Positions are absolute token indices: the cache length is the next position.
         pos = torch.arange(start, start + T, device=tokens.device, dtype=torch.float32)
@@ -293,7 +294,4 @@ class Llama(nn.Module):
         if last_only:
             x = x[:, -1:]
         x = self.model.norm(x)[0]
-        if head is None:
-            return self.lm_head(x).float()
-        ids, rows = head
-        return self._scatter_head(F.linear(x, rows).float(), ids)
+        return (self.lm_head(x) if rows is None else F.linear(x, rows)).float()
