@@ -1,8 +1,9 @@
 """One pass of n tokens after 300 cached ones, on each engine, side by side: the native
 engine's kernel, its pure-torch path, and llama.cpp on the same bf16 weights. Rounds go over
-all engines and sizes in turn, so that a noisy spell hits each alike; medians.
+all engines and sizes in turn, so that a noisy spell hits each alike; medians. Then the time
+each takes to read a prompt of --prompt tokens (the prefill), per token.
 
-    python3 scripts/probes/pass_cost.py [--threads 2] [--rounds 5]
+    python3 scripts/probes/pass_cost.py [--threads 2] [--rounds 5] [--prompt 750]
 """
 from __future__ import annotations
 
@@ -33,6 +34,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--prompt", type=int, default=750, help="tokens of the prompt whose reading is timed")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     native = specdec.load_model("smollm2-135m-instruct")
@@ -43,11 +45,15 @@ def main() -> None:
         print(f"(no llama.cpp: {e})")
     lib = kernel.library()
     times = {(e, n): [] for e in engines for n in SIZES}
+    prompt = {e: [] for e in engines}
     for _ in range(args.rounds):
         for name, model in engines.items():
             kernel.use(None if name == "native torch" else lib)
-            model.reset(CACHED + max(SIZES))
-            model.forward(list(range(1000, 1000 + CACHED)), last_only=True)
+            model.reset(max(CACHED + max(SIZES), args.prompt))
+            start = time.perf_counter()
+            model.forward(list(range(1000, 1000 + args.prompt)), last_only=True)
+            prompt[name].append((time.perf_counter() - start) / args.prompt)
+            model.rollback(CACHED)
             for n in SIZES:
                 times[name, n] += timed(model, n, 4)
     kernel.use(lib)
@@ -61,6 +67,8 @@ def main() -> None:
             one = statistics.median(times[name, 1]) * 1e3
             cells.append(f"{ms:9.2f} ms {ms / one:5.2f}x")
         print(f"{n:>8}" + "".join(f"{c:>22}" for c in cells))
+    print(f"reading a prompt of {args.prompt} tokens, ms per token (median of {args.rounds}):"
+          + "".join(f"  {name} {statistics.median(prompt[name]) * 1e3:.3f}" for name in engines))
     ref = statistics.median(times["llama.cpp", 1]) if "llama.cpp" in engines else None
     if ref:
         print(f"one-token pass, native kernel / llama.cpp: {statistics.median(times['native kernel', 1]) / ref:.2f}x")
