@@ -23,7 +23,7 @@ import torch
 
 from .datastore import Datastore
 from .models.base import LanguageModel, Rows, as_language_model
-from .sampling import SamplingParams, logits_to_probs, sample
+from .sampling import SamplingParams, argmax, logits_to_probs, sample
 
 
 class Drafter:
@@ -129,14 +129,24 @@ class NgramDrafter(_Lookup):
 
 def find_match(seq: np.ndarray, max_ngram: int, min_ngram: int) -> tuple[int, int] | None:
     """The latest earlier occurrence of the longest suffix n-gram: (where its continuation
-    starts, n), or None."""
+    starts, n), or None.
+
+    One pass over the sequence finds where its last token occurred before (a match of any
+    length ends there); only those few places are extended backwards, so a step costs about
+    one comparison a token instead of one n-wide window a token for each n."""
     L = len(seq)
-    for n in range(min(max_ngram, L - 1), min_ngram - 1, -1):
-        # Candidate starts i < L - n, so the match is not the suffix itself and has a continuation.
-        windows = np.lib.stride_tricks.sliding_window_view(seq[:-1], n)
-        hits = np.flatnonzero((windows == seq[L - n:]).all(axis=1))
+    ends = np.flatnonzero(seq[:-1] == seq[-1])  # j < L - 1: a match ending at j has a continuation
+    if not ends.size:
+        return None
+    n = np.ones(ends.size, dtype=np.int64)  # how many tokens match, ending at each j
+    live = np.ones(ends.size, dtype=bool)
+    for d in range(1, min(max_ngram, L - 1)):
+        live &= (ends >= d) & (seq[np.maximum(ends - d, 0)] == seq[L - 1 - d])
+        n += live
+    for want in range(min(max_ngram, L - 1), min_ngram - 1, -1):
+        hits = np.flatnonzero(n >= want)
         if hits.size:
-            return int(hits[-1]) + n, n
+            return int(ends[hits[-1]]) + 1, want
     return None
 
 
@@ -290,7 +300,7 @@ class ModelDrafter(Drafter):
                 if self.min_confidence and float((x.softmax(-1) if q is None else q).max()) < self.min_confidence:
                     continue  # this row's block ends here
                 if params.greedy:
-                    tokens[row].append(int(x.argmax()))
+                    tokens[row].append(argmax(x))
                 else:
                     tokens[row].append(sample(q, generators[row]))
                     qs[row].append(q)

@@ -175,6 +175,28 @@ def test_lookup_sources_and_proposals():
     assert ngram.sources([1, 2, 3]) == () and ngram.propose([1, 2, 3], 4, greedy, None) == ([], None)
 
 
+def test_lookup_finds_what_a_window_by_window_search_finds():
+    # find_match extends only the places where the last token occurred; the plain definition
+    # (every n-wide window, longest n first, latest occurrence) must agree on every input.
+    import numpy as np
+
+    from specdec.drafters import find_match
+
+    def by_windows(seq, max_ngram, min_ngram):
+        for n in range(min(max_ngram, len(seq) - 1), min_ngram - 1, -1):
+            for i in range(len(seq) - 1 - n, -1, -1):
+                if list(seq[i:i + n]) == list(seq[len(seq) - n:]):
+                    return i + n, n
+        return None
+
+    rng = np.random.default_rng(0)
+    for _ in range(3000):
+        seq = rng.integers(0, int(rng.integers(1, 6)), int(rng.integers(1, 30)))
+        max_ngram = int(rng.integers(1, 6))
+        min_ngram = int(rng.integers(1, max_ngram + 1))
+        assert find_match(seq, max_ngram, min_ngram) == by_windows(seq, max_ngram, min_ngram), (seq, max_ngram)
+
+
 def test_composite_proposes_from_the_chosen_source(models):
     from specdec.sampling import SamplingParams
 

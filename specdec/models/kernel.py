@@ -209,6 +209,8 @@ def run(lib, module, blocks: list[torch.Tensor], seqs: list[int], cache, last_on
                           out.shape[0], logits.data_ptr(), torch.get_num_threads())
     if rc != 0:
         raise RuntimeError(f"kernel refused a pass of {tokens.shape[0]} rows")
+    if len(sizes) == 1:
+        return [logits]
     return list(logits.split([1] * len(sizes) if last_only else sizes))
 
 
