@@ -472,6 +472,18 @@ def test_decode_time_per_token_leaves_out_the_prefill():
     assert _per_prompt(rows, "m", [SimpleNamespace(id="p")])["p"]["decode_per_token"] is None
 
 
+def test_loop_time_is_what_no_timing_holds():
+    from specdec.bench.runner import _spec_metrics
+
+    stats = {"drafted": 4, "accepted": 2, "rejections": 1, "generated": 12, "target_calls": 10, "plain_steps": 3,
+             "draft_calls": 0, "proposed_at": [2], "accepted_at": [1],
+             "timings": {"prefill": 0.2, "draft": 0.05, "verify": 0.7}}
+    rows = [{"first_seconds": 1.0, "stats": stats}, {"first_seconds": 2.0, "stats": None}]
+    m = _spec_metrics(rows)
+    assert m["loop_ms_per_pass"] == pytest.approx(1000 * (1.0 - 0.95) / 10)
+    assert m["draft_time_share"] == pytest.approx(0.05)
+
+
 def test_batched_crossover_is_the_first_size_where_no_method_pays():
     from specdec.bench.batched import crossover
 

@@ -89,7 +89,7 @@ OVERALL = [  # (column, key in method["overall"], format, unit)
     ("prefill ms", "prefill_ms_mean", ".1f", ""), ("decode ms/token", "decode_ms_per_token", ".1f", ""),
     ("acceptance", "acceptance_rate", ".3f", ""), ("alpha", "alpha", ".3f", ""), ("tokens/target call", "tokens_per_target_call", ".2f", ""),
     ("drafted/step", "mean_drafted_per_step", ".2f", ""), ("draft time share", "draft_time_share", ".1%", ""),
-    ("c", "cost_ratio_c", ".4f", ""), ("verify cost", "verify_cost", ".2f", ""),
+    ("loop ms/pass", "loop_ms_per_pass", ".2f", ""), ("c", "cost_ratio_c", ".4f", ""), ("verify cost", "verify_cost", ".2f", ""),
     ("lost at token boundaries", "boundary_loss_share", ".1%", ""),
     ("predicted", "predicted_speedup", ".2f", "x")]
 DEFINITIONS = [
@@ -99,7 +99,8 @@ DEFINITIONS = [
     "likelihood per-token acceptance probability: accepted / (accepted + steps that rejected a draft).",
     "- **tokens/target call** includes the prefill call and counts the bonus/correction token. **acceptance** = "
     "accepted drafts / drafted tokens. **drafted/step**: drafts per verification pass. **draft time share**: "
-    "drafter time / total time.",
+    "drafter time / total time. **loop ms/pass**: the time neither the target's passes nor the drafter took "
+    "(the loop's own work: context, sources, schedule, bookkeeping), per target pass.",
     "- **c**: draft forward time / target forward time (model-free drafters: drafting time per proposal slot). "
     "**verify cost**: target time for k+1 tokens / for 1 token. **lost at token boundaries** (a draft with "
     "another tokenizer): steps whose first rejected token read like the target's own text, cut at another place, "

@@ -443,6 +443,8 @@ def _spec_metrics(rows: list[dict]) -> dict:
     drafted, acc, rejections = total("drafted"), total("accepted"), total("rejections")
     steps = total("target_calls") - len(st)  # verification passes (prefills excluded)
     draft_s = sum(s["timings"]["draft"] for s in st)
+    # What no timing holds: the loop's own work (context, sources, schedule, bookkeeping).
+    loop_s = sum(r["first_seconds"] - sum(r["stats"]["timings"].values()) for r in rows if r["stats"])
     bridged = sum(s.get("drafter", {}).get("bridge_steps", 0) for s in st)
     extra = {}
     if bridged:  # a draft with another tokenizer: the share of its steps lost at a token boundary
@@ -461,6 +463,7 @@ def _spec_metrics(rows: list[dict]) -> dict:
         "mean_drafted_per_step": drafted / steps if steps else math.nan,
         "draft_time_share": draft_s / seconds if seconds else math.nan,
         "draft_seconds": draft_s,
+        "loop_ms_per_pass": 1000 * loop_s / total("target_calls"),
     }
 
 

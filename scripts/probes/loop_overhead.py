@@ -1,0 +1,62 @@
+"""What a decoding step costs outside the model passes and the drafter: the loop's own time.
+
+Runs plain decoding and the default drafter (prompt lookup + the shipped datastore, `auto`)
+on held-out prompts of the given categories, and reports, per target pass, the wall time
+that none of the Stats timings (prefill, draft, verify) holds: building the context, finding
+the drafter's sources, the schedule, acceptance bookkeeping, rollback. Rounds alternate the
+two loops; medians.
+
+    python3 scripts/probes/loop_overhead.py [--categories stem,humanities,qa] [--rounds 3]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+import specdec
+from specdec.models.loading import load_datastore
+
+PROMPTS = Path(__file__).resolve().parents[2] / "specdec/bench/prompts/heldout-specbench-v1.jsonl"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--categories", default="stem,humanities,qa")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--max-tokens", type=int, default=96)
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    cats = set(args.categories.split(","))
+    prompts = [r["turns"][0] for r in map(json.loads, PROMPTS.read_text().splitlines()) if r["category"] in cats]
+    target = specdec.load_model("smollm2-135m-instruct")
+    tok, store = target.tokenizer, load_datastore("smollm2-135m-instruct")
+    loops = {
+        "plain": lambda p: specdec.generate(target, tok, p, args.max_tokens, chat=True),
+        "default": lambda p: specdec.speculative_generate(
+            target, specdec.CompositeDrafter(lookup=specdec.NgramDrafter(), datastore=store, tokenizer=tok),
+            tok, p, args.max_tokens, chat=True),
+    }
+    loops["plain"](prompts[0])  # warm up
+    per_pass = {name: [] for name in loops}
+    for _ in range(args.rounds):
+        for name, run in loops.items():
+            untimed = passes = 0
+            for p in prompts:
+                start = time.perf_counter()
+                g = run(p)
+                untimed += time.perf_counter() - start - sum(g.stats.timings.values())
+                passes += g.stats.target_calls
+            per_pass[name].append(untimed / passes)
+    print(f"{len(prompts)} prompts ({args.categories}), {args.max_tokens} tokens, median of {args.rounds} rounds:")
+    for name, xs in per_pass.items():
+        print(f"  {name}: {statistics.median(xs) * 1e3:.3f} ms a target pass outside the timed work")
+
+
+if __name__ == "__main__":
+    main()
