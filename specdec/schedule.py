@@ -16,8 +16,9 @@ often the longer the matched n-gram) and a model draft (costly, right ~1/3 of th
 differ too much for one blended estimate to fit either. Where a composite drafter has
 both a match and its model, the schedule takes whichever promises more. A source it has not
 measured yet is tried at once, unless a measured one the drafter prefers to it already beats
-a plain step: a model draft beside a lookup that keeps paying is never run (nor its prompt
-read).
+a plain step (a model draft beside a lookup that keeps paying is never run, nor its prompt
+read), or the verify costs measured are so steep that even its prior would not pay (then
+only probes, below, measure it).
 
 k = 0 is plain decoding: it wins when the draft is too slow or too often wrong. A
 schedule stuck at 0 would never learn that the draft got better, so after `probe_every`
@@ -153,7 +154,10 @@ class AdaptiveK:
         # measured source the drafter prefers to it (listed before it) beats a plain step:
         # beside a lookup that pays, learning what a model draft would do costs its reading of
         # the prompt and its draft steps, which the lookup's tokens never repay; a lookup of
-        # another match length, listed first, is tried as soon as it comes.
+        # another match length, listed first, is tried as soon as it comes. Nor is it tried
+        # where even its prior (p = PRIOR a draft, drafting free) would not beat a plain step
+        # at the verify costs measured: where a 2-token pass costs 1.6x a 1-token one (llama.cpp
+        # on a Zen 4 CPU), each try costs more than it can teach; probes measure it instead.
         measured = [tuple(n for n in s if self.sources[n].t_draft is not None) for s in rows]
         cost = {n: self.sources[n].t_draft for s in measured for n in s}
         tokens = {n: self.expected_tokens(n) for n in cost}
@@ -164,7 +168,8 @@ class AdaptiveK:
         unmeasured = []
         for s in rows:
             first = next((i for i, n in enumerate(s) if self.sources[n].t_draft is None), None)
-            unmeasured.append(None if first is None or any(map(pays, s[:first])) else s[first])
+            unmeasured.append(None if first is None or any(map(pays, s[:first])) or not pays(s[first])
+                              else s[first])
         groups = Counter(measured)  # rows with the same sources choose alike: score each kind once
         best_rate, best = 0.0, (0, None)
         for cap in sorted(cost, key=cost.get):

@@ -137,6 +137,17 @@ def test_sources_keep_separate_statistics():
     assert s.choose(("model",))[1] == 0
 
 
+def test_an_unmeasured_source_is_not_tried_where_blocks_cost_too_much_for_its_prior():
+    # A 2-token pass at 1.7x a plain one (llama.cpp's bf16 blocks on a Zen 4 CPU): a new source,
+    # right half the time at best, cannot pay; it is measured by probes, not tried at k = 2.
+    steep = trained(0.01, t_draft=0.0, verify=lambda k: T * (1 + 0.7 * k), source="lookup1")
+    picks = [steep.choose(("store2",)) for _ in range(steep.probe_every)]
+    assert [k for _, k in picks] == [0] * (steep.probe_every - 1) + [1] and picks[-1][0] == "store2"
+    # Where blocks are nearly free, the same source is tried at once.
+    cheap = trained(0.01, t_draft=0.0, verify=lambda k: T * (1 + 0.02 * k), source="lookup1")
+    assert cheap.choose(("store2",)) == ("store2", 2)
+
+
 def test_verify_cost_is_a_line_fitted_to_noisy_passes():
     s = AdaptiveK()
     for k, t in [(0, T), (1, 1.1 * T), (2, 0.9 * T)] * 5:  # one lucky-looking k = 2
