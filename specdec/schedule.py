@@ -94,15 +94,24 @@ class AdaptiveK:
 
     def pass_time(self, tokens: int) -> float:
         """Seconds of a verify pass over `tokens` tokens in all (1 + k for one row; the sum of
-        1 + k_b over the rows of a batch): a + b * tokens, fitted to the measured passes.
+        1 + k_b over the rows of a batch): a one-token pass as measured, and a + b * tokens,
+        fitted to the measured blocks, for more.
 
         A line, not a table: single passes are noisy (tens of percent on a busy machine),
-        and a table would let one lucky 3-token pass look cheaper than a 2-token one. With
-        one measured size the line is flat (where decoding is memory-bound verification
-        nearly is); it tilts once passes of other sizes come in. In a batch the slope is
-        where speculation's gain goes: B rows drafting k each make a pass of B * (k + 1)."""
+        and a table would let one lucky 3-token pass look cheaper than a 2-token one. But the
+        one-token pass apart: an engine may take another path for it (llama.cpp's bf16 blocks
+        on a Zen 4 CPU cost 1.6-1.8x a one-token pass at 2 tokens, then about 0.15x more a
+        token), and a line through both would make short blocks look cheap. With one measured
+        block size the line goes through it and the one-token pass (flat with nothing else:
+        where decoding is memory-bound verification nearly is); it tilts once blocks of other
+        sizes come in; no block is taken to cost less than a one-token pass. In a batch the
+        slope is where speculation's gain goes: B rows drafting k each make a pass of B * (k + 1)."""
+        one = self.verify_s[1] / self.verify_n[1] if 1 in self.verify_n else 0.0
+        if tokens == 1 and one:
+            return one
         if self._verify_fit is None:
-            ns = list(self.verify_n)
+            blocks = [n for n in self.verify_n if n > 1]
+            ns = blocks if len(blocks) > 1 else list(self.verify_n)
             w = [self.verify_n[n] for n in ns]
             y = [self.verify_s[n] / self.verify_n[n] for n in ns]
             W = sum(w)
@@ -112,7 +121,7 @@ class AdaptiveK:
             slope = max(0.0, sum(wi * (n - mn) * (yi - my) for wi, n, yi in zip(w, ns, y)) / var) if var else 0.0
             self._verify_fit = (my - slope * mn, slope)
         a, b = self._verify_fit
-        return max(a + b * tokens, 1e-9)
+        return max(a + b * tokens, one, 1e-9)  # no block costs less than one token
 
     def verify_time(self, k: int) -> float:
         """Seconds of one row's verify pass over 1 + k tokens."""

@@ -159,6 +159,17 @@ def test_verify_cost_is_a_line_fitted_to_noisy_passes():
     assert s.verify_time(8) == pytest.approx(T * 1.8, rel=1e-6)  # extrapolated along the line
 
 
+def test_the_one_token_pass_is_timed_apart_from_the_line_of_blocks():
+    # llama.cpp's bf16 path on a Zen 4 CPU: 2 tokens cost 1.8x one, then 0.15x more a token.
+    # A line through all sizes would put the one-token pass at 1.4x and short blocks too low,
+    # so a source right half the time would look worth drafting; it is not.
+    jump = lambda k: T if k == 0 else T * (1.8 + 0.15 * (k - 1))  # noqa: E731
+    s = trained(0.5, t_draft=0.0, verify=jump)
+    assert s.verify_time(0) == pytest.approx(T) and s.verify_time(1) == pytest.approx(1.8 * T, rel=0.05)
+    assert s.choose()[1] == 0
+    assert trained(0.8, t_draft=0.0, verify=jump).choose()[1] >= 4  # long runs still pay
+
+
 def test_picks_the_source_that_promises_more():
     s = trained(0.6, t_draft=0.1 * T, source="model")
     for _ in range(30):
