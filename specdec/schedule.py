@@ -25,7 +25,10 @@ schedule stuck at 0 would never learn that the draft got better, so after `probe
 plain steps it drafts one token to measure again (in a batch, on one row only: that is
 enough to measure, and the pass stays small); each probe that fails doubles that
 interval (up to `max_probe_every`), so a useless draft costs ever less, and a probe that
-succeeds resets it.
+succeeds resets it. Where a 2-token pass costs more than PROBE_COST of a plain one, the
+interval stretches in proportion, so that probing takes the same share of the time whatever
+a probe costs (on llama.cpp on a Zen 4 CPU a probe costs 0.6-0.8 of a pass, and probes of
+every match length of every source made two thirds of what the default lost there).
 
 Choosing k from past steps only does not change the output: greedy output is the
 target's for any k, and the sampling rule is exact for any k.
@@ -60,6 +63,7 @@ class SourceStats:
 class AdaptiveK:
     PRIOR = 0.5  # p_1 before any observation
     PRIOR_WEIGHT = 2.0  # pseudo-observations behind the prior (p_{i-1} for p_i); they decay like real ones
+    PROBE_COST = 0.1  # a probe's extra cost, in plain passes, up to which probe_every holds as it is
 
     def __init__(self, k_max: int = 16, decay: float = 0.95, probe_every: int = 8, max_probe_every: int = 128):
         if k_max < 1:
@@ -204,10 +208,11 @@ class AdaptiveK:
             return [(u, min(2, self.k_max)) if u else plan for u, plan in zip(unmeasured, best)]
         if all(k == 0 for _, k in best):  # plain decoding: count towards each source's next probe
             probing = []
+            stretch = max(1.0, (self.pass_time(2) / self.pass_time(1) - 1) / self.PROBE_COST)
             for name in dict.fromkeys(n for s in rows for n in s):
                 s = self.sources[name]
                 s.plain_steps += 1
-                if s.plain_steps >= s.probe_every:
+                if s.plain_steps >= round(s.probe_every * stretch):
                     s.plain_steps, s.probing = 0, True
                     probing.append(name)
             if probing:  # one row per probing source measures it; in a batch the others stay plain

@@ -100,6 +100,14 @@ def test_a_batch_probes_on_one_row_and_drafts_nothing_when_it_does_not_pay():
     assert probe == [("model", 1), ("lookup1", 1), (None, 0), ("model", 0)]
 
 
+def test_probes_are_spaced_by_what_a_probe_costs():
+    # A 2-token pass at 1.7x a plain one: a probe costs 0.7 of a pass, 7 times PROBE_COST, so
+    # the first probe comes after 7 * 8 plain steps, not 8.
+    steep = trained(0.01, t_draft=0.0, verify=lambda k: T * (1 + 0.7 * k))
+    picks = run_plain_steps(steep, 60)
+    assert [i for i, k in enumerate(picks) if k] == [55]
+
+
 def test_a_successful_probe_resets_the_interval():
     s = trained(0.01, t_draft=0.2 * T)
     run_plain_steps(s, 8 + 16 + 32)  # three failed probes: the interval is now 64
@@ -139,10 +147,11 @@ def test_sources_keep_separate_statistics():
 
 def test_an_unmeasured_source_is_not_tried_where_blocks_cost_too_much_for_its_prior():
     # A 2-token pass at 1.7x a plain one (llama.cpp's bf16 blocks on a Zen 4 CPU): a new source,
-    # right half the time at best, cannot pay; it is measured by probes, not tried at k = 2.
+    # right half the time at best, cannot pay; it is measured by probes (spaced by what a probe
+    # costs: 7 * probe_every plain steps here), not tried at k = 2.
     steep = trained(0.01, t_draft=0.0, verify=lambda k: T * (1 + 0.7 * k), source="lookup1")
-    picks = [steep.choose(("store2",)) for _ in range(steep.probe_every)]
-    assert [k for _, k in picks] == [0] * (steep.probe_every - 1) + [1] and picks[-1][0] == "store2"
+    picks = [steep.choose(("store2",)) for _ in range(7 * steep.probe_every)]
+    assert [k for _, k in picks] == [0] * (7 * steep.probe_every - 1) + [1] and picks[-1][0] == "store2"
     # Where blocks are nearly free, the same source is tried at once.
     cheap = trained(0.01, t_draft=0.0, verify=lambda k: T * (1 + 0.02 * k), source="lookup1")
     assert cheap.choose(("store2",)) == ("store2", 2)
