@@ -11,7 +11,6 @@ two loops; medians.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 from pathlib import Path
@@ -19,9 +18,10 @@ from pathlib import Path
 import torch
 
 import specdec
+from specdec.bench.suite import load_suite
 from specdec.models.loading import load_datastore
 
-PROMPTS = Path(__file__).resolve().parents[2] / "specdec/bench/prompts/heldout-specbench-v1.jsonl"
+HELDOUT = Path(__file__).resolve().parents[2] / "specdec/bench/prompts/heldout-specbench-v1.jsonl"
 
 
 def main() -> None:
@@ -32,8 +32,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    cats = set(args.categories.split(","))
-    prompts = [r["turns"][0] for r in map(json.loads, PROMPTS.read_text().splitlines()) if r["category"] in cats]
+    prompts = [p.turns[0] for p in load_suite(HELDOUT, categories=args.categories.split(","))]
     target = specdec.load_model("smollm2-135m-instruct")
     tok, store = target.tokenizer, load_datastore("smollm2-135m-instruct")
     loops = {

@@ -10,16 +10,16 @@ from __future__ import annotations
 
 import argparse
 import collections
-import json
 from pathlib import Path
 
 import torch
 
 import specdec
+from specdec.bench.suite import load_suite
 from specdec.models.loading import load_datastore
 from specdec.schedule import AdaptiveK
 
-PROMPTS = Path(__file__).resolve().parents[2] / "specdec/bench/prompts/heldout-specbench-v1.jsonl"
+HELDOUT = Path(__file__).resolve().parents[2] / "specdec/bench/prompts/heldout-specbench-v1.jsonl"
 
 
 class Traced(AdaptiveK):
@@ -50,8 +50,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    cats = set(args.categories.split(","))
-    prompts = [r["turns"][0] for r in map(json.loads, PROMPTS.read_text().splitlines()) if r["category"] in cats]
+    prompts = [p.turns[0] for p in load_suite(HELDOUT, categories=args.categories.split(","))]
     target = specdec.load_model("smollm2-135m-instruct", engine=args.engine)
     tok, store = target.tokenizer, load_datastore("smollm2-135m-instruct")
     specdec.generate(target, tok, prompts[0], 8, chat=True)  # warm up
