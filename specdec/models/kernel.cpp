@@ -91,9 +91,9 @@ constexpr size_t PREFETCH_AHEAD = 12 << 10;  // bytes of weights in flight per t
 
 #if defined(__AVX512BF16__)
 // Sums of 16 vectors, r[j] = sum of a[j]'s lanes, by a butterfly of shuffles (about 3
-// instructions a sum instead of a horizontal reduction each). The tree a sum takes depends on
-// its slot j only, and slots are absolute positions mod 16, so a position's score is computed
-// the same way in every pass.
+// instructions a sum instead of a horizontal reduction each). Every slot's sum takes
+// tree16's tree, so it has exactly tree16's bits: the dot products reduce their accumulators
+// with it, and attention its scores (slot = position mod 16).
 static inline __m512 sum16(__m512* a) {
     __m512 b[8], c[4], d[2];
     for (int i = 0; i < 8; i++)
