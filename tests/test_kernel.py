@@ -2,9 +2,10 @@
 
 Row invariance is the contract: row j of a (k+1)-token pass has exactly the bits of the
 one-token pass at that position, logits and the K/V it writes, so greedy speculative output
-equals plain greedy output in bf16 by construction. Both forms of the kernel are held to it
-(this CPU's, and the portable one other CPUs build), on tiny models of each supported shape
-and on the embedded model. Closeness to float32 checks that the kernel computes the model.
+equals plain greedy output in bf16 by construction. Every form of the kernel this CPU can
+run is held to it (this CPU's own, the AVX2 one, and the portable one other CPUs build), on
+tiny models of each supported shape and on the embedded model. Closeness to float32 checks
+that the kernel computes the model.
 """
 from __future__ import annotations
 
@@ -35,11 +36,18 @@ SHAPES = {
 COMMON = dict(intermediate_size=96, max_position_embeddings=512)
 
 
-@pytest.fixture(scope="module", params=["native", "portable"])
+def has_avx2() -> bool:
+    flags = kernel._cpu_flags().split()
+    return "avx2" in flags and "fma" in flags
+
+
+@pytest.fixture(scope="module", params=["native", "avx2", "portable"])
 def lib(request):
     """Each form of the kernel in turn, made the engine's kernel for the test."""
     before = kernel.library()
-    built = before if request.param == "native" else kernel.load(kernel.build("portable"))
+    if request.param == "avx2" and (not has_avx2() or kernel.isa() == "avx2"):
+        pytest.skip("no AVX2 here, or it is this CPU's own form (tested as native)")
+    built = before if request.param == "native" else kernel.load(kernel.build(request.param))
     assert kernel.isa() is not None
     kernel.use(built)
     yield built
@@ -104,6 +112,32 @@ def test_kernel_computes_the_model(shape, tiny, lib):
         pos += n
     got = torch.cat(got)
     assert (got - want[:pos]).abs().max().item() <= 0.05 * want.abs().max().item()
+
+
+@pytest.mark.skipif(not has_avx2(), reason="no AVX2 on this CPU")
+@pytest.mark.parametrize("shape", ["gqa-hd32", "mqa-hd128"])
+def test_the_avx2_form_is_the_portable_form_bit_for_bit(shape, tiny):
+    # The AVX2 dot products are the portable ones vectorized by hand: same lanes, same sums.
+    before = kernel.library()
+    model = load_model(tiny[shape], dtype="bfloat16")
+    ids = torch.randint(0, 64, (150,), generator=torch.Generator().manual_seed(2)).tolist()
+    out = {}
+    try:
+        for mode in ("avx2", "portable"):
+            lib = kernel.load(kernel.build(mode))
+            assert lib.specdec_isa().decode() == mode
+            kernel.use(lib)
+            model.reset(len(ids))
+            out[mode] = torch.cat([model.forward(ids[:141]), model.forward(ids[141:])])
+    finally:
+        kernel.use(before)
+    assert torch.equal(out["avx2"], out["portable"])
+
+
+def test_the_default_dtype_is_bf16_wherever_the_kernel_runs(tiny):
+    # bf16 through the kernel reads half fp32's bytes a token, on any CPU it builds for (AVX2
+    # included, where torch's own bf16 matmuls are slower than fp32 ones).
+    assert load_model(tiny["gqa-hd32"]).module.lm_head.weight.dtype == torch.bfloat16
 
 
 def test_restricted_head_scores_only_its_tokens(tiny, lib):

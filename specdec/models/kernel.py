@@ -9,10 +9,11 @@ for all rows of the block, in one OpenMP team, and computes every row the same w
 the block size, so a verification pass scores exactly as the one-token passes would.
 
 It is compiled on first use with the system's C++ compiler (`$CXX`, else g++) into the user
-cache, for this CPU (AVX512-BF16 dot products where the CPU has them, a portable vectorized
-form otherwise). Without a compiler the engine says so once and uses its pure-torch path.
+cache, for this CPU (AVX512-BF16 dot products where the CPU has them, AVX2 + FMA ones where it
+has those, a portable form the compiler vectorizes otherwise: all three give the same logits
+bit for bit except AVX512-BF16, whose lanes sum in another order). Without a compiler the engine says so once and uses its pure-torch path.
 SPECDEC_KERNEL=off turns the kernel off; SPECDEC_KERNEL=portable builds the portable form
-(on x86 for AVX2 + FMA, as a CPU without AVX-512 would).
+(on x86 for AVX2 + FMA).
 """
 from __future__ import annotations
 
@@ -62,8 +63,10 @@ def build(mode: str | None = None) -> Path:
     if cxx is None:
         raise FileNotFoundError(f"no C++ compiler: {os.environ.get('CXX', 'g++')!r} is not on PATH")
     flags = list(_FLAGS)
-    if mode == "portable":  # the form a CPU without AVX512-BF16 builds: on x86, AVX2 + FMA exactly
+    if mode in ("portable", "avx2"):  # on x86, for AVX2 + FMA exactly, as a CPU without AVX-512 has
         flags[1] = "-march=x86-64-v3" if platform.machine() in ("x86_64", "AMD64") else "-march=native"
+    if mode == "portable":  # the plain C++ form every CPU can build, not the AVX2 one written by hand
+        flags.append("-DSPECDEC_GENERIC")
     version = subprocess.run([cxx, "--version"], capture_output=True, text=True).stdout
     key = hashlib.sha256("\0".join([SOURCE.read_text(), " ".join(flags), version, platform.machine(),
                                     _cpu_flags()]).encode()).hexdigest()[:16]
@@ -113,7 +116,7 @@ def use(lib: ctypes.CDLL | None) -> None:
 
 
 def isa() -> str | None:
-    """Which form of the kernel runs here ("avx512-bf16", "portable"), or None."""
+    """Which form of the kernel runs here ("avx512-bf16", "avx2", "portable"), or None."""
     lib = library()
     return lib.specdec_isa().decode() if lib is not None else None
 

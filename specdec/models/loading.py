@@ -203,7 +203,13 @@ def resolve_dtype(dtype, device) -> torch.dtype:
 def _bf16_is_fast(device: torch.device) -> bool:
     if device.type == "cuda":
         return torch.cuda.is_bf16_supported()
-    # On a CPU without native bf16 instructions bf16 matmuls are emulated and slower than fp32.
+    # The native kernel runs bf16 on any CPU it builds for, at half fp32's memory traffic
+    # (AVX2: 4x faster a token than fp32 through torch). Without it, torch's bf16 matmuls on a
+    # CPU without bf16 instructions are emulated and slower than fp32.
+    from . import kernel
+
+    if kernel.library() is not None:
+        return True
     try:
         flags = Path("/proc/cpuinfo").read_text()
     except OSError:
