@@ -155,6 +155,16 @@ static inline __m256 f32x8(const bf16* p) {
 
 static inline __m256 f32x8(const float* p) { return _mm256_loadu_ps(p); }
 
+// tree16 of lanes 0-7 (lo) and 8-15 (hi) in registers, by the same adds in the same order
+// (attention's scores are one short dot product each, where a trip through memory cost more
+// than the products).
+static inline float tree16(__m256 lo, __m256 hi) {
+    const __m256 b = _mm256_add_ps(lo, hi);                                          // b[i] = a[i] + a[i + 8]
+    const __m128 c = _mm_add_ps(_mm256_castps256_ps128(b), _mm256_extractf128_ps(b, 1));  // c[i] = b[i] + b[i + 4]
+    const __m128 d = _mm_add_ps(c, _mm_movehl_ps(c, c));                             // c0 + c2, c1 + c3
+    return _mm_cvtss_f32(_mm_add_ss(d, _mm_shuffle_ps(d, d, 1)));
+}
+
 template <int R, int MT, typename X>
 static inline void dot_tile(const X* x, int ldx, const bf16* W, int ldw, int K, float* out, int ldo,
                             const char* pf) {
@@ -170,12 +180,7 @@ static inline void dot_tile(const X* x, int ldx, const bf16* W, int ldw, int K, 
                     acc[m][g & 1] = _mm256_fmadd_ps(f32x8(x + (size_t)m * ldx + k + 8 * g), wv, acc[m][g & 1]);
             }
         }
-        for (int m = 0; m < MT; m++) {
-            alignas(32) float lanes[16];
-            _mm256_store_ps(lanes, acc[m][0]);
-            _mm256_store_ps(lanes + 8, acc[m][1]);
-            out[(size_t)m * ldo + r] = tree16(lanes);
-        }
+        for (int m = 0; m < MT; m++) out[(size_t)m * ldo + r] = tree16(acc[m][0], acc[m][1]);
     }
 }
 #define SPECDEC_ISA "avx2"
@@ -267,6 +272,21 @@ static inline float exp_le0(float x) {
     std::memcpy(&s, &e, 4);
     return p * s;
 }
+
+#if defined(SPECDEC_FP32_INPUTS)
+// exp_le0 on 8 lanes, the same operations in the same order.
+static inline __m256 exp8(__m256 x) {
+    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.0f)), _mm256_set1_ps(88.0f));
+    const __m256 n = _mm256_floor_ps(_mm256_add_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504f)), _mm256_set1_ps(0.5f)));
+    const __m256 r = _mm256_sub_ps(_mm256_sub_ps(x, _mm256_mul_ps(n, _mm256_set1_ps(0.693145752f))),
+                                   _mm256_mul_ps(n, _mm256_set1_ps(1.42860677e-6f)));
+    __m256 p = _mm256_set1_ps(0.00138888892f);
+    const float c[6] = {0.00833333377f, 0.0416666679f, 0.166666672f, 0.5f, 1.0f, 1.0f};
+    for (int i = 0; i < 6; i++) p = _mm256_add_ps(_mm256_set1_ps(c[i]), _mm256_mul_ps(r, p));
+    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+#endif
 
 // x [D] fp32 -> out [D] bf16: weight * bf16(x / rms(x)), as the reference RMSNorm rounds.
 static void rms_norm(const float* x, const bf16* w, int D, float eps, bf16* out) {
@@ -467,16 +487,39 @@ static void attend_one(const bf16* q, const bf16* K, const bf16* V, int c0, int 
     float mx = -INFINITY;
     for (int t = 0; t < n; t++) mx = scores[t] > mx ? scores[t] : mx;
     float part[16] = {};  // lane = position mod 16 (c0 is a multiple of 16)
+    float* o = partial + 2;
+#if defined(SPECDEC_FP32_INPUTS)  // AVX2: the loops below, 8 lanes at a time, the same operations
+    const __m256 mxv = _mm256_set1_ps(mx);
+    int t = 0;
+    for (; t + 8 <= n; t += 8) {
+        const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(scores + t), mxv));
+        _mm256_storeu_ps(scores + t, e);
+        _mm256_storeu_ps(part + t % 16, _mm256_add_ps(_mm256_loadu_ps(part + t % 16), e));
+    }
+    for (; t < n; t++) {
+        scores[t] = exp_le0(scores[t] - mx);
+        part[t % 16] += scores[t];
+    }
+    for (int d0 = 0; d0 < hd; d0 += 32) {  // 4 output vectors in registers, position after position
+        __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+        for (int u = 0; u < n; u++) {
+            const __m256 p = _mm256_set1_ps(scores[u]);
+            const bf16* v = V + (size_t)(c0 + u) * hd + d0;
+            for (int i = 0; i < 4; i++) acc[i] = _mm256_add_ps(acc[i], _mm256_mul_ps(p, f32x8(v + 8 * i)));
+        }
+        for (int i = 0; i < 4; i++) _mm256_storeu_ps(o + d0 + 8 * i, acc[i]);
+    }
+#else
     for (int t = 0; t < n; t++) {
         scores[t] = exp_le0(scores[t] - mx);
         part[t % 16] += scores[t];
     }
-    float* o = partial + 2;
     for (int d = 0; d < hd; d++) o[d] = 0.0f;
     for (int t = 0; t < n; t++) {
         const bf16* v = V + (size_t)(c0 + t) * hd;
         for (int d = 0; d < hd; d++) o[d] += scores[t] * f32(v[d]);
     }
+#endif
     partial[0] = mx;
     partial[1] = tree16(part);
 }
