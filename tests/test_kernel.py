@@ -19,7 +19,7 @@ import torch
 from specdec import NgramDrafter, generate, load_model, speculative_generate
 from specdec.models import kernel
 
-from tiny import needs_model, save_tiny
+from tiny import needs_model, save_tiny, tiny_gpt2
 
 pytestmark = pytest.mark.skipif(kernel.library() is None, reason="the kernel cannot be built here (no C++ compiler)")
 
@@ -134,10 +134,14 @@ def test_the_avx2_form_is_the_portable_form_bit_for_bit(shape, tiny):
     assert torch.equal(out["avx2"], out["portable"])
 
 
-def test_the_default_dtype_is_bf16_wherever_the_kernel_runs(tiny):
+def test_the_default_dtype_is_bf16_wherever_the_kernel_runs(tiny, tmp_path):
     # bf16 through the kernel reads half fp32's bytes a token, on any CPU it builds for (AVX2
-    # included, where torch's own bf16 matmuls are slower than fp32 ones).
+    # included, where torch's own bf16 matmuls are slower than fp32 ones) ...
     assert load_model(tiny["gqa-hd32"]).module.lm_head.weight.dtype == torch.bfloat16
+    # ... but a model the kernel does not run (through transformers) keeps the CPU's own rule
+    tiny_gpt2().save_pretrained(tmp_path / "gpt2")
+    native_bf16 = "avx512_bf16" in kernel._cpu_flags() or "amx_bf16" in kernel._cpu_flags()
+    assert load_model(tmp_path / "gpt2").dtype == (torch.bfloat16 if native_bf16 else torch.float32)
 
 
 def test_restricted_head_scores_only_its_tokens(tiny, lib):

@@ -9,9 +9,9 @@ for all rows of the block, in one OpenMP team, and computes every row the same w
 the block size, so a verification pass scores exactly as the one-token passes would.
 
 It is compiled on first use with the system's C++ compiler (`$CXX`, else g++) into the user
-cache, for this CPU (AVX512-BF16 dot products where the CPU has them, AVX2 + FMA ones where it
-has those, a portable form the compiler vectorizes otherwise: all three give the same logits
-bit for bit except AVX512-BF16, whose lanes sum in another order). Without a compiler the engine says so once and uses its pure-torch path.
+cache, for this CPU: AVX512-BF16 dot products where the CPU has them; else AVX2 + FMA ones
+where it has those (the portable form vectorized by hand, with its bits); else a portable form
+the compiler vectorizes. Without a compiler the engine says so once and uses its pure-torch path.
 SPECDEC_KERNEL=off turns the kernel off; SPECDEC_KERNEL=portable builds the portable form
 (on x86 for AVX2 + FMA).
 """

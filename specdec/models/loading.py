@@ -190,25 +190,27 @@ def materialize_draft(source: Path, target: Path, out: Path) -> Path:
     return out
 
 
-def resolve_dtype(dtype, device) -> torch.dtype:
+def resolve_dtype(dtype, device, native: bool = True) -> torch.dtype:
+    """`dtype` as a torch.dtype; None: the fastest here for the native engine (`native`) or for
+    a model run through transformers."""
     if isinstance(dtype, torch.dtype):
         return dtype
     if dtype is None:
-        return torch.bfloat16 if _bf16_is_fast(torch.device(device)) else torch.float32
+        return torch.bfloat16 if _bf16_is_fast(torch.device(device), native) else torch.float32
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {sorted(DTYPES)} or a torch.dtype, got {dtype!r}")
     return DTYPES[dtype]
 
 
-def _bf16_is_fast(device: torch.device) -> bool:
+def _bf16_is_fast(device: torch.device, native: bool) -> bool:
     if device.type == "cuda":
         return torch.cuda.is_bf16_supported()
-    # The native kernel runs bf16 on any CPU it builds for, at half fp32's memory traffic
-    # (AVX2: 4x faster a token than fp32 through torch). Without it, torch's bf16 matmuls on a
-    # CPU without bf16 instructions are emulated and slower than fp32.
+    # The native engine's kernel runs bf16 on any CPU it builds for, at half fp32's memory
+    # traffic (on an AVX2-only CPU 5x faster a token than fp32 through torch). Without it,
+    # torch's bf16 matmuls on a CPU without bf16 instructions are emulated, slower than fp32.
     from . import kernel
 
-    if kernel.library() is not None:
+    if native and kernel.library() is not None:
         return True
     try:
         flags = Path("/proc/cpuinfo").read_text()
@@ -270,7 +272,7 @@ def load_model(name_or_path=DEFAULT_MODEL, *, dtype=None, device="cpu", engine="
     if str(name_or_path) in LLAMA_CPP_ONLY:
         raise ValueError(f"{name_or_path} runs on the llama.cpp engine only (engine='llama.cpp'): "
                          f"{WHY_LLAMA_CPP_ONLY[str(name_or_path)]}")
-    torch_dtype = resolve_dtype(dtype, device)
+    resolve_dtype(dtype, device)  # a bad dtype is refused before anything is read
     path = hf_checkpoint(name_or_path)
     config = _read_config(path)
     tokenizer = load_tokenizer(path)
@@ -280,6 +282,7 @@ def load_model(name_or_path=DEFAULT_MODEL, *, dtype=None, device="cpu", engine="
         cfg = LlamaConfig.from_hf(config)
     except ValueError:
         cfg = None
+    torch_dtype = resolve_dtype(dtype, device, native=cfg is not None)
     if cfg is None:
         from transformers import AutoModelForCausalLM
 
