@@ -206,8 +206,9 @@ def _bf16_is_fast(device: torch.device, native: bool) -> bool:
     if device.type == "cuda":
         return torch.cuda.is_bf16_supported()
     # The native engine's kernel runs bf16 on any CPU it builds for, at half fp32's memory
-    # traffic (on an AVX2-only CPU 5x faster a token than fp32 through torch). Without it,
-    # torch's bf16 matmuls on a CPU without bf16 instructions are emulated, slower than fp32.
+    # traffic (on an AVX2-only Zen 3 VM about 5x faster a token than fp32 through torch,
+    # docs/kernels.md). Without it, torch's bf16 matmuls on a CPU without bf16 instructions
+    # are emulated, slower than fp32.
     from . import kernel
 
     if native and kernel.library() is not None:
