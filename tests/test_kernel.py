@@ -41,12 +41,14 @@ def has_avx2() -> bool:
     return "avx2" in flags and "fma" in flags
 
 
-@pytest.fixture(scope="module", params=["native", "avx2", "portable"])
+@pytest.fixture(scope="module", params=["native", "avx512", "avx2", "portable"])
 def lib(request):
     """Each form of the kernel in turn, made the engine's kernel for the test."""
     before = kernel.library()
     if request.param == "avx2" and (not has_avx2() or kernel.isa() == "avx2"):
         pytest.skip("no AVX2 here, or it is this CPU's own form (tested as native)")
+    if request.param == "avx512" and kernel.isa() != "amx-bf16":
+        pytest.skip("the AVX-512 form is tested apart only where the native form is AMX's")
     built = before if request.param == "native" else kernel.load(kernel.build(request.param))
     assert kernel.isa() is not None
     kernel.use(built)
@@ -235,5 +237,5 @@ def test_the_kernel_can_be_turned_off(tiny):
     done = run_python(PROBE.format(path=str(tiny["gqa-hd32"])), SPECDEC_KERNEL="off")
     assert done.returncode == 0 and done.stdout.strip() == "kernel None" and "unavailable" not in done.stderr
     bad = run_python(PROBE.format(path=str(tiny["gqa-hd32"])), SPECDEC_KERNEL="sometimes")
-    assert bad.returncode != 0 and "SPECDEC_KERNEL must be on, off or portable" in bad.stderr
+    assert bad.returncode != 0 and "SPECDEC_KERNEL must be on, off, portable or avx512" in bad.stderr
 

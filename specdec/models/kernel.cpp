@@ -28,6 +28,10 @@
 #if defined(__AVX2__)
 #include <immintrin.h>
 #endif
+#if defined(__AMX_BF16__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 typedef uint16_t bf16;
 
@@ -210,6 +214,31 @@ static inline void dot_tile(const bf16* x, int ldx, const bf16* W, int ldw, int 
 #define SPECDEC_ISA "portable"
 #endif
 
+// A stage's left operand (its M input rows of K values), prepared once per stage and thread in
+// the layout this form's dot products read: as it is (bf16), converted to fp32 (AVX2), or as
+// bf16 pairs in AMX tiles. `scratch` is the caller's, reused from stage to stage.
+struct Operand {
+    const bf16* x;
+    int M, K;
+    const void* prepared;
+};
+#if defined(__AMX_BF16__) && !defined(SPECDEC_GENERIC)
+#define SPECDEC_AMX 1
+static Operand operand(const bf16* x, int M, int K, std::vector<uint32_t>& scratch);
+#else
+static Operand operand(const bf16* x, int M, int K, std::vector<uint32_t>& scratch) {
+#if defined(SPECDEC_FP32_INPUTS)
+    static_assert(sizeof(float) == sizeof(uint32_t), "fp32 inputs live in the 32-bit scratch");
+    scratch.resize((size_t)M * K);
+    float* f = reinterpret_cast<float*>(scratch.data());
+    for (size_t i = 0; i < (size_t)M * K; i++) f[i] = f32(x[i]);
+    return {x, M, K, f};
+#else
+    (void)scratch;
+    return {x, M, K, x};
+#endif
+}
+
 // Inputs go in balanced tiles of at most 6 rows: R * MT independent accumulators keep the
 // dot-product unit busy (a 1-row tile beside a 4-row one would wait on its own latency).
 template <int R, typename X>
@@ -235,19 +264,169 @@ static void dot_rows(const X* x, int M, int K, const bf16* W, float* out, int ld
 }
 
 // out[m * ldo + (n - n0)] = x[m] . W[n] for n in [n0, n1): x is [M, K], W is [N, K].
-static void dots(const bf16* x_bf16, int M, int K, const bf16* W, int n0, int n1, float* out, int ldo, Stream* s) {
+static void dots(const Operand& in, const bf16* W, int n0, int n1, float* out, int ldo, Stream* s) {
 #if defined(SPECDEC_FP32_INPUTS)
-    thread_local std::vector<float> x_fp32;
-    x_fp32.resize((size_t)M * K);
-    for (size_t i = 0; i < (size_t)M * K; i++) x_fp32[i] = f32(x_bf16[i]);
-    const float* x = x_fp32.data();
+    const float* x = static_cast<const float*>(in.prepared);
 #else
-    const bf16* x = x_bf16;
+    const bf16* x = in.x;
 #endif
+    const int M = in.M, K = in.K;
     int n = n0;
     for (; n + 4 <= n1; n += 4) dot_rows<4>(x, M, K, W + (size_t)n * K, out + (n - n0), ldo, s);
     for (; n < n1; n++) dot_rows<1>(x, M, K, W + (size_t)n * K, out + (n - n0), ldo, s);
 }
+#endif
+
+#if defined(SPECDEC_AMX)
+// ---- AMX: the dot products as tile products (Intel Sapphire Rapids and later) ----
+// One TDPBF16PS multiplies a tile of 16 weight rows x 32 k (read straight from W, whose rows
+// are the tile's rows) by a tile of 32 k x 16 inputs, stored as 16 lines of bf16 pairs, into
+// 16 x 16 fp32 accumulators: 8192 products an instruction, against 32 for vdpbf16ps. Each
+// accumulator is one output element, summed over k in the unit's own fixed order and never
+// reduced across lanes, so an element depends on its weight row and its input row alone:
+// a row gets the same bits in a block of any size, padded or not. (They are not the other
+// forms' bits, whose tree16 reduction sums in another order; greedy exactness needs only
+// that every pass of this build sums alike.)
+// Tiles: 0-3 accumulators, 4, 6 and 7 weights, 5 and 7 inputs.
+#undef SPECDEC_ISA
+#define SPECDEC_ISA "amx-bf16"
+
+// Linux hands a process the tile state only when asked (arch_prctl ARCH_REQ_XCOMP_PERM).
+static bool amx_permitted() {
+    static const bool ok = syscall(SYS_arch_prctl, 0x1023, 18) == 0;  // ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA
+    return ok;
+}
+
+// Every tile 16 rows of 64 bytes. Loaded at each call: other code on these threads (torch's
+// oneDNN) may have configured the tiles otherwise.
+static void configure_tiles() {
+    struct {
+        uint8_t palette = 1, start_row = 0, reserved[14] = {};
+        uint16_t colsb[16] = {};
+        uint8_t rows[16] = {};
+    } c;
+    for (int t = 0; t < 8; t++) c.colsb[t] = 64, c.rows[t] = 16;
+    _tile_loadconfig(&c);
+}
+
+// Pairs for block b of 16 input rows and chunk c of 32 k: 16 lines (k pairs) of 16 inputs,
+// at scratch[((b * K/32 + c) * 16 + line) * 16 + input]; rows past M are zeros.
+static Operand operand(const bf16* x, int M, int K, std::vector<uint32_t>& scratch) {
+    const int blocks = (M + 15) / 16, chunks = K / 32;
+    scratch.assign((size_t)blocks * chunks * 256, 0);
+    for (int m = 0; m < M; m++) {
+        uint32_t* dst = scratch.data() + (size_t)(m / 16) * chunks * 256 + m % 16;
+        const uint32_t* src = reinterpret_cast<const uint32_t*>(x + (size_t)m * K);
+        for (int i = 0; i < K / 2; i++) dst[(size_t)i * 16] = src[i];  // pair i: chunk i / 16, line i % 16
+    }
+    return {x, M, K, scratch.data()};
+}
+
+// The prefetch stream's lines for one weight tile (16 lines), spread through the products.
+static inline const char* prefetch16(const char* pf) {
+    if (pf)
+        for (int i = 0; i < 16; i++) _mm_prefetch(pf, _MM_HINT_T0), pf += 64;
+    return pf;
+}
+
+// NB blocks of 16 weight rows (ldw apart) against one block of inputs; tile t -> c[t].
+template <int NB>
+static void tiles_1(const bf16* W, int ldw, const uint32_t* xb, int chunks, float (*c)[256], const char* pf) {
+    const size_t stride = (size_t)ldw * sizeof(bf16), block = (size_t)16 * ldw;
+    _tile_zero(0);
+    if constexpr (NB > 1) _tile_zero(1);
+    if constexpr (NB > 2) _tile_zero(2);
+    if constexpr (NB > 3) _tile_zero(3);
+    for (int k = 0; k < chunks; k++) {
+        const bf16* w = W + (size_t)k * 32;
+        _tile_loadd(5, xb + (size_t)k * 256, 64);
+        _tile_loadd(4, w, stride);
+        _tile_dpbf16ps(0, 4, 5);
+        pf = prefetch16(pf);
+        if constexpr (NB > 1) { _tile_loadd(6, w + block, stride); _tile_dpbf16ps(1, 6, 5); pf = prefetch16(pf); }
+        if constexpr (NB > 2) { _tile_loadd(7, w + 2 * block, stride); _tile_dpbf16ps(2, 7, 5); pf = prefetch16(pf); }
+        if constexpr (NB > 3) { _tile_loadd(4, w + 3 * block, stride); _tile_dpbf16ps(3, 4, 5); pf = prefetch16(pf); }
+    }
+    _tile_stored(0, c[0], 64);
+    if constexpr (NB > 1) _tile_stored(1, c[1], 64);
+    if constexpr (NB > 2) _tile_stored(2, c[2], 64);
+    if constexpr (NB > 3) _tile_stored(3, c[3], 64);
+}
+
+// NB (1 or 2) blocks of weight rows against two blocks of inputs (xb, xb + chunks * 256):
+// each tile loaded serves two products. Tile (weights w, inputs i) -> c[2 * w + i].
+template <int NB>
+static void tiles_2(const bf16* W, int ldw, const uint32_t* xb, int chunks, float (*c)[256], const char* pf) {
+    const size_t stride = (size_t)ldw * sizeof(bf16), next = (size_t)chunks * 256;
+    _tile_zero(0);
+    _tile_zero(1);
+    if constexpr (NB > 1) { _tile_zero(2); _tile_zero(3); }
+    for (int k = 0; k < chunks; k++) {
+        const bf16* w = W + (size_t)k * 32;
+        _tile_loadd(5, xb + (size_t)k * 256, 64);
+        _tile_loadd(7, xb + next + (size_t)k * 256, 64);
+        _tile_loadd(4, w, stride);
+        _tile_dpbf16ps(0, 4, 5);
+        _tile_dpbf16ps(1, 4, 7);
+        pf = prefetch16(pf);
+        if constexpr (NB > 1) {
+            _tile_loadd(6, w + (size_t)16 * ldw, stride);
+            _tile_dpbf16ps(2, 6, 5);
+            _tile_dpbf16ps(3, 6, 7);
+            pf = prefetch16(pf);
+        }
+    }
+    _tile_stored(0, c[0], 64);
+    _tile_stored(1, c[1], 64);
+    if constexpr (NB > 1) { _tile_stored(2, c[2], 64); _tile_stored(3, c[3], 64); }
+}
+
+// out[m * ldo + (n - n0)] = x[m] . W[n] for n in [n0, n1): x is [M, K], W is [N, K].
+static void dots(const Operand& in, const bf16* W, int n0, int n1, float* out, int ldo, Stream* s) {
+    const int M = in.M, K = in.K, chunks = K / 32, blocks = (M + 15) / 16;
+    const uint32_t* pairs = static_cast<const uint32_t*>(in.prepared);
+    configure_tiles();
+    alignas(64) float c[4][256];
+    // c[t] holds weight rows n.. against input block b: element (i, j) is out row 16b + j, column n + i.
+    auto put = [&](int t, int n, int b) {
+        const int rows = n1 - n < 16 ? n1 - n : 16, cols = M - 16 * b < 16 ? M - 16 * b : 16;
+        for (int j = 0; j < cols; j++)
+            for (int i = 0; i < rows; i++) out[(size_t)(16 * b + j) * ldo + (n - n0) + i] = c[t][i * 16 + j];
+    };
+    // Rows in groups of 16 * nb; a last group of fewer than 16 rows is copied into a zeroed tile.
+    thread_local std::vector<bf16> tail;
+    for (int n = n0; n < n1;) {
+        const int full = (n1 - n) / 16, nb = full == 0 ? 1 : blocks == 1 ? (full < 4 ? full : 4) : (full < 2 ? full : 2);
+        const size_t bytes = (size_t)(full ? 16 * nb : n1 - n) * K * sizeof(bf16);
+        const char* pf = s ? s->take(bytes) : nullptr;
+        const bf16* w = W + (size_t)n * K;
+        if (!full) {
+            tail.assign((size_t)16 * K, 0);
+            std::memcpy(tail.data(), w, bytes);
+            w = tail.data();
+            for (const char* p = pf; p && p < pf + bytes; p += 64) _mm_prefetch(p, _MM_HINT_T0);
+            pf = nullptr;
+        }
+        for (int b = 0; b < blocks; b += 2, pf = nullptr) {  // the stream is followed on the first pass only
+            const uint32_t* xb = pairs + (size_t)b * chunks * 256;
+            if (b + 1 < blocks) {
+                if (nb == 2) tiles_2<2>(w, K, xb, chunks, c, pf);
+                else tiles_2<1>(w, K, xb, chunks, c, pf);
+                for (int t = 0; t < 2 * nb; t++) put(t, n + 16 * (t / 2), b + t % 2);
+            } else {
+                switch (nb) {
+                    case 4: tiles_1<4>(w, K, xb, chunks, c, pf); break;
+                    case 3: tiles_1<3>(w, K, xb, chunks, c, pf); break;
+                    case 2: tiles_1<2>(w, K, xb, chunks, c, pf); break;
+                    default: tiles_1<1>(w, K, xb, chunks, c, pf); break;
+                }
+                for (int t = 0; t < nb; t++) put(t, n + 16 * t, b);
+            }
+        }
+        n += full ? 16 * nb : n1 - n;
+    }
+}
+#endif
 
 // This thread's share [lo, hi) of n items split in units of `unit` (the last takes the rest).
 static inline void share(int n, int unit, int tid, int nt, int* lo, int* hi) {
@@ -554,6 +733,15 @@ enum { IN_NORM, WQ, WK, WV, WO, POST_NORM, WG, WU, WD, BQ, BK, BV, BO, BG, BU, B
 
 extern "C" const char* specdec_isa() { return SPECDEC_ISA; }
 
+// Whether this build can run here (the AMX form needs the kernel's leave to use the tiles).
+extern "C" int specdec_ready() {
+#if defined(SPECDEC_AMX)
+    return amx_permitted();
+#else
+    return 1;
+#endif
+}
+
 // A pass over M rows, each a token of one sequence at one position: one sequence's block
 // (plain decoding, verification), or blocks of several sequences at once (a batch). Row m
 // appends token[m] to sequence seq[m] at position pos[m]; it attends to that sequence's
@@ -568,7 +756,7 @@ extern "C" int specdec_pass(const int64_t* cfg, float eps, const float* inv_freq
                             const int64_t* out, int n_out, float* logits, int nthreads) {
     const int D = (int)cfg[0], I = (int)cfg[1], H = (int)cfg[2], Hkv = (int)cfg[3], hd = (int)cfg[4];
     const int layers = (int)cfg[5], C = (int)cfg[6], Vh = (int)cfg[7], B = (int)cfg[8];
-    if (M < 1 || M > MAX_ROWS || D % 32 || I % 32 || hd % 32 || hd > 256 || H % Hkv || n_out < 1 || n_out > M)
+    if (!specdec_ready() || M < 1 || M > MAX_ROWS || D % 32 || I % 32 || hd % 32 || hd > 256 || H % Hkv || n_out < 1 || n_out > M)
         return 1;
     int longest = 0;
     for (int m = 0; m < M; m++) {
@@ -606,6 +794,7 @@ extern "C" int specdec_pass(const int64_t* cfg, float eps, const float* inv_freq
         const int tid = omp_get_thread_num(), nt = omp_get_num_threads();
         int lo, hi;
         Stream stream;  // this thread's weights, in the order of the stages below
+        std::vector<uint32_t> scratch;  // this thread's prepared operand, stage after stage
         for (int layer = 0; layer < layers; layer++) {
             const bf16* const* p = (const bf16* const*)(layer_ptrs + (size_t)layer * PER_LAYER);
             share(H + 2 * Hkv, 1, tid, nt, &lo, &hi);
@@ -632,6 +821,7 @@ extern "C" int specdec_pass(const int64_t* cfg, float eps, const float* inv_freq
             for (int m = 0; m < M; m++) rms_norm(&x[(size_t)m * D], p[IN_NORM], D, eps, &xn[(size_t)m * D]);
             // q, k, v heads, whole heads per thread so RoPE stays local.
             share(H + 2 * Hkv, 1, tid, nt, &lo, &hi);
+            const Operand xq = operand(xn.data(), M, D, scratch);
             for (int u = lo; u < hi; u++) {
                 const bf16* w = u < H ? p[WQ] + (size_t)u * hd * D
                               : u < H + Hkv ? p[WK] + (size_t)(u - H) * hd * D
@@ -639,7 +829,7 @@ extern "C" int specdec_pass(const int64_t* cfg, float eps, const float* inv_freq
                 const bf16* b = u < H ? p[BQ] : u < H + Hkv ? p[BK] : p[BV];
                 const int boff = (u < H ? u : u < H + Hkv ? u - H : u - H - Hkv) * hd;
                 float* o = &buf[(size_t)u * hd];
-                dots(xn.data(), M, D, w, 0, hd, o, ldq, &stream);
+                dots(xq, w, 0, hd, o, ldq, &stream);
                 for (int m = 0; m < M; m++) {
                     float* y = o + (size_t)m * ldq;
                     if (b)
@@ -689,33 +879,35 @@ extern "C" int specdec_pass(const int64_t* cfg, float eps, const float* inv_freq
                              &att[(size_t)m * Q + hh * hd]);
             }
             share(D, 16, tid, nt, &lo, &hi);
-            dots(att.data(), M, Q, p[WO], lo, hi, &buf[lo], D, &stream);
+            dots(operand(att.data(), M, Q, scratch), p[WO], lo, hi, &buf[lo], D, &stream);
             add_residual(&x[lo], D, &buf[lo], D, p[BO] ? p[BO] + lo : nullptr, M, hi - lo);
 #pragma omp barrier
 #pragma omp for schedule(static)
             for (int m = 0; m < M; m++) rms_norm(&x[(size_t)m * D], p[POST_NORM], D, eps, &xn[(size_t)m * D]);
             share(I, 16, tid, nt, &lo, &hi);
-            dots(xn.data(), M, D, p[WG], lo, hi, &buf[lo], 2 * I, &stream);
-            dots(xn.data(), M, D, p[WU], lo, hi, &buf[I + lo], 2 * I, &stream);
+            const Operand xg = operand(xn.data(), M, D, scratch);
+            dots(xg, p[WG], lo, hi, &buf[lo], 2 * I, &stream);
+            dots(xg, p[WU], lo, hi, &buf[I + lo], 2 * I, &stream);
             for (int m = 0; m < M; m++)
                 swiglu(&buf[(size_t)m * 2 * I + lo], &buf[(size_t)m * 2 * I + I + lo], p[BG] ? p[BG] + lo : nullptr,
                        p[BU] ? p[BU] + lo : nullptr, hi - lo, &h[(size_t)m * I + lo]);
 #pragma omp barrier
             share(D, 16, tid, nt, &lo, &hi);
-            dots(h.data(), M, I, p[WD], lo, hi, &buf[lo], D, &stream);
+            dots(operand(h.data(), M, I, scratch), p[WD], lo, hi, &buf[lo], D, &stream);
             add_residual(&x[lo], D, &buf[lo], D, p[BD] ? p[BD] + lo : nullptr, M, hi - lo);
 #pragma omp barrier
         }
 #pragma omp for schedule(static)
         for (int i = 0; i < n_out; i++) rms_norm(&x[(size_t)out[i] * D], final_norm, D, eps, &xn[(size_t)i * D]);
         share(Vh, 16, tid, nt, &lo, &hi);
-        dots(xn.data(), n_out, D, head, lo, hi, logits + lo, Vh, &stream);
+        dots(operand(xn.data(), n_out, D, scratch), head, lo, hi, logits + lo, Vh, &stream);
     }
     return 0;
 }
 
 // out [M, N] = x [M, K] . W [N, K]^T in fp32, with the pass's dot products (for tests and probes).
 extern "C" void specdec_linear(const bf16* x, int M, int K, const bf16* W, int N, float* out, int nthreads) {
+    if (!specdec_ready()) return;
 #pragma omp parallel num_threads(nthreads)
     {
         int lo, hi;
@@ -723,6 +915,7 @@ extern "C" void specdec_linear(const bf16* x, int M, int K, const bf16* W, int N
         Stream stream;
         stream.add(W + (size_t)lo * K, (size_t)(hi - lo) * K * sizeof(bf16));
         stream.advance(PREFETCH_AHEAD);
-        dots(x, M, K, W, lo, hi, out + lo, N, &stream);
+        std::vector<uint32_t> scratch;
+        dots(operand(x, M, K, scratch), W, lo, hi, out + lo, N, &stream);
     }
 }

@@ -9,11 +9,12 @@ for all rows of the block, in one OpenMP team, and computes every row the same w
 the block size, so a verification pass scores exactly as the one-token passes would.
 
 It is compiled on first use with the system's C++ compiler (`$CXX`, else g++) into the user
-cache, for this CPU: AVX512-BF16 dot products where the CPU has them; else AVX2 + FMA ones
-where it has those (the portable form vectorized by hand, with its bits); else a portable form
-the compiler vectorizes. Without a compiler the engine says so once and uses its pure-torch path.
+cache, for this CPU: AMX tile products where the CPU has them (Intel Sapphire Rapids and later)
+and the OS grants the tiles, else AVX512-BF16 dot products; else AVX2 + FMA ones where it has
+those (the portable form vectorized by hand, with its bits); else a portable form the compiler
+vectorizes. Without a compiler the engine says so once and uses its pure-torch path.
 SPECDEC_KERNEL=off turns the kernel off; SPECDEC_KERNEL=portable builds the portable form
-(on x86 for AVX2 + FMA).
+(on x86 for AVX2 + FMA); SPECDEC_KERNEL=avx512 builds this CPU's form without AMX.
 """
 from __future__ import annotations
 
@@ -39,8 +40,8 @@ _library: ctypes.CDLL | None | bool = False  # False: not tried yet
 
 def _mode() -> str:
     mode = os.environ.get("SPECDEC_KERNEL", "on").lower()
-    if mode not in ("on", "off", "portable"):
-        raise ValueError(f"SPECDEC_KERNEL must be on, off or portable, not {mode!r}")
+    if mode not in ("on", "off", "portable", "avx512"):
+        raise ValueError(f"SPECDEC_KERNEL must be on, off, portable or avx512, not {mode!r}")
     return mode
 
 
@@ -67,6 +68,8 @@ def build(mode: str | None = None) -> Path:
         flags[1] = "-march=x86-64-v3" if platform.machine() in ("x86_64", "AMD64") else "-march=native"
     if mode == "portable":  # the plain C++ form every CPU can build, not the AVX2 one written by hand
         flags.append("-DSPECDEC_GENERIC")
+    if mode == "avx512":  # this CPU's form without AMX (where the OS refuses the tiles, and for tests)
+        flags += ["-mno-amx-tile", "-mno-amx-bf16", "-mno-amx-int8"]
     version = subprocess.run([cxx, "--version"], capture_output=True, text=True).stdout
     key = hashlib.sha256("\0".join([SOURCE.read_text(), " ".join(flags), version, platform.machine(),
                                     _cpu_flags()]).encode()).hexdigest()[:16]
@@ -86,6 +89,7 @@ def load(path: Path) -> ctypes.CDLL:
     """A built kernel library, with its entry points typed."""
     lib = ctypes.CDLL(str(path))
     lib.specdec_isa.restype = ctypes.c_char_p
+    lib.specdec_ready.restype = ctypes.c_int
     lib.specdec_pass.restype = ctypes.c_int
     p, i = ctypes.c_void_p, ctypes.c_int
     lib.specdec_pass.argtypes = [p, ctypes.c_float, p, p, p, p, p, p, p, p, p, p, i, p, i, p, i]
@@ -103,6 +107,8 @@ def library() -> ctypes.CDLL | None:
         if mode != "off":
             try:
                 _library = load(build(mode))
+                if not _library.specdec_ready():  # the AMX form, where Linux refuses the tile state
+                    _library = load(build("avx512"))
             except (OSError, RuntimeError) as e:
                 print(f"specdec: the native engine's fast kernel is unavailable ({e}); using the slower "
                       f"pure-torch path", file=sys.stderr)
@@ -116,7 +122,7 @@ def use(lib: ctypes.CDLL | None) -> None:
 
 
 def isa() -> str | None:
-    """Which form of the kernel runs here ("avx512-bf16", "avx2", "portable"), or None."""
+    """Which form of the kernel runs here ("amx-bf16", "avx512-bf16", "avx2", "portable"), or None."""
     lib = library()
     return lib.specdec_isa().decode() if lib is not None else None
 
