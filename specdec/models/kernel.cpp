@@ -222,7 +222,7 @@ struct Operand {
     int M, K;
     const void* prepared;
 };
-#if defined(__AMX_BF16__) && !defined(SPECDEC_GENERIC)
+#if defined(__AMX_BF16__) && defined(__AVX512BF16__) && !defined(SPECDEC_GENERIC)
 #define SPECDEC_AMX 1
 static Operand operand(const bf16* x, int M, int K, std::vector<uint32_t>& scratch);
 #else
@@ -541,7 +541,11 @@ constexpr int MAX_ROWS = 128;  // rows a pass takes (kernel.py decides which pas
 // The queries of one task: each is one (row, head) over positions [c0, end) of a chunk, and
 // gets {max score, sum of exp, sum of exp * V} in its `partial`.
 struct Queries {
+#if defined(SPECDEC_AMX)
+    static constexpr int MAX = 16;  // one tile of queries
+#else
     static constexpr int MAX = 6;
+#endif
     const bf16* q[MAX];
     int end[MAX];
     float* partial[MAX];
@@ -712,6 +716,173 @@ static void attend(const Queries& qs, const bf16* K, const bf16* V, int c0, int 
     for (int j = 0; j < qs.n; j++) attend_one(qs.q[j], K, V, c0, qs.end[j], hd, scores, qs.partial[j]);
 }
 
+#if defined(SPECDEC_AMX)
+// ---- attention as tile products (the AMX form) ----
+// A task packs its chunk of K and V once for all its queries, then takes them 16 at a time:
+// scores = queries x K (tiles of 16 queries x 16 positions), softmax per query in fp32, its
+// weights rounded to bf16, and the weighted sum = weights x V (16 queries x 16 dimensions).
+// Each score and each output element is one accumulator over its own query's row, so a
+// query gets the same bits in any task. Positions past the sequence's end are packed as
+// zeros and past a query's own end its weights are zeros: exact zeros added, whatever other
+// queries share the task.
+struct Chunk {
+    const uint32_t* k;  // tile (32 dims kd, 16 positions pb) at (kd * blocks16 + pb) * 256: line r, column j = dims 32kd + 2r, +1 of position 16pb + j
+    const uint32_t* v;  // tile (32 positions pc, 16 dims db) at (pc * hd / 16 + db) * 256: line r, column j = dim 16db + j of positions 32pc + 2r, +1
+    int blocks16, blocks32;
+};
+
+// Sixteen rows of 16 dwords transposed in registers (unpacks within 128-bit lanes, then lanes).
+static inline void transpose16(__m512i* r) {
+    __m512i t[16], u[16];
+    for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 16; i += 4) {
+        u[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+        u[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+        u[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+        u[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+    }
+    // u[4i + k], lane L: column 4L + k of rows 4i..4i+3.
+    for (int k = 0; k < 4; k++) {
+        const __m512i a = _mm512_shuffle_i32x4(u[k], u[4 + k], 0x88), b = _mm512_shuffle_i32x4(u[k], u[4 + k], 0xdd);
+        const __m512i c = _mm512_shuffle_i32x4(u[8 + k], u[12 + k], 0x88), d = _mm512_shuffle_i32x4(u[8 + k], u[12 + k], 0xdd);
+        r[k] = _mm512_shuffle_i32x4(a, c, 0x88);
+        r[8 + k] = _mm512_shuffle_i32x4(a, c, 0xdd);
+        r[4 + k] = _mm512_shuffle_i32x4(b, d, 0x88);
+        r[12 + k] = _mm512_shuffle_i32x4(b, d, 0xdd);
+    }
+}
+
+static Chunk pack_chunk(const bf16* K, const bf16* V, int c0, int hi, int hd, std::vector<uint32_t>& scratch) {
+    const int n = hi - c0, b16 = (n + 15) / 16, b32 = (n + 31) / 32, dw = hd / 2;
+    scratch.resize((size_t)b16 * 16 * dw + (size_t)b32 * 32 * dw);
+    uint32_t* kp = scratch.data();
+    uint32_t* vp = kp + (size_t)b16 * 16 * dw;
+    for (int pb = 0; pb < b16; pb++) {
+        // The next K rows and these V rows come from memory while these K rows are transposed
+        // (a long cache is not in cache).
+        for (int j = 16 * pb; j < 16 * pb + 16 && j < n; j++)
+            for (int d = 0; d < hd; d += 32) {
+                _mm_prefetch((const char*)(V + (size_t)(c0 + j) * hd + d), _MM_HINT_T0);
+                if (j + 16 < n) _mm_prefetch((const char*)(K + (size_t)(c0 + j + 16) * hd + d), _MM_HINT_T0);
+            }
+        for (int kd = 0; kd < hd / 32; kd++) {
+            __m512i rows[16];
+            for (int j = 0; j < 16; j++)
+                rows[j] = 16 * pb + j < n ? _mm512_loadu_si512((const void*)(K + (size_t)(c0 + 16 * pb + j) * hd + 32 * kd))
+                                          : _mm512_setzero_si512();
+            transpose16(rows);
+            for (int r = 0; r < 16; r++) _mm512_storeu_si512((void*)(kp + (size_t)(kd * b16 + pb) * 256 + r * 16), rows[r]);
+        }
+    }
+    __m512i even, odd;  // (a[i], b[i]) for i in 0..15, and in 16..31
+    {
+        alignas(64) uint16_t e[32], o[32];
+        for (int i = 0; i < 16; i++) e[2 * i] = i, e[2 * i + 1] = 32 + i, o[2 * i] = 16 + i, o[2 * i + 1] = 48 + i;
+        even = _mm512_load_si512((const void*)e);
+        odd = _mm512_load_si512((const void*)o);
+    }
+    const int dblocks = hd / 16;
+    for (int pc = 0; pc < b32; pc++)
+        for (int r = 0; r < 16; r++) {
+            const int p = 32 * pc + 2 * r;
+            for (int d = 0; d < hd; d += 32) {
+                const __m512i a = p < n ? _mm512_loadu_si512((const void*)(V + (size_t)(c0 + p) * hd + d)) : _mm512_setzero_si512();
+                const __m512i b = p + 1 < n ? _mm512_loadu_si512((const void*)(V + (size_t)(c0 + p + 1) * hd + d)) : _mm512_setzero_si512();
+                uint32_t* tile = vp + (size_t)(pc * dblocks + d / 16) * 256 + r * 16;
+                _mm512_storeu_si512((void*)tile, _mm512_permutex2var_epi16(a, even, b));
+                _mm512_storeu_si512((void*)(tile + 256), _mm512_permutex2var_epi16(a, odd, b));
+            }
+        }
+    return {kp, vp, b16, b32};
+}
+
+// Up to 16 queries over one packed chunk: {max, sum of weights, sum of weights * V} each.
+// S: 16 x CHUNK floats of this thread's.
+static void attend_tiles(const Queries& qs, const Chunk& ck, int c0, int hd, float* S) {
+    // The queries and their weights, 16 x hd and 16 x CHUNK. Rows past qs.n are whatever was
+    // there: their results are rows of their own, never read.
+    thread_local std::vector<bf16> qg, pw;
+    qg.resize((size_t)16 * hd);
+    pw.resize((size_t)16 * CHUNK);
+    for (int j = 0; j < qs.n; j++) std::memcpy(&qg[(size_t)j * hd], qs.q[j], (size_t)hd * sizeof(bf16));
+    configure_tiles();
+    const size_t qstride = (size_t)hd * sizeof(bf16);
+    for (int pb = 0; pb < ck.blocks16; pb += 4) {  // scores, four blocks of 16 positions at a time
+        const int nb = ck.blocks16 - pb < 4 ? ck.blocks16 - pb : 4;
+        _tile_zero(0);
+        if (nb > 1) _tile_zero(1);
+        if (nb > 2) _tile_zero(2);
+        if (nb > 3) _tile_zero(3);
+        for (int kd = 0; kd < hd / 32; kd++) {
+            const uint32_t* kt = ck.k + (size_t)(kd * ck.blocks16 + pb) * 256;
+            _tile_loadd(4, &qg[(size_t)kd * 32], qstride);
+            _tile_loadd(5, kt, 64);
+            _tile_dpbf16ps(0, 4, 5);
+            if (nb > 1) { _tile_loadd(6, kt + 256, 64); _tile_dpbf16ps(1, 4, 6); }
+            if (nb > 2) { _tile_loadd(7, kt + 512, 64); _tile_dpbf16ps(2, 4, 7); }
+            if (nb > 3) { _tile_loadd(5, kt + 768, 64); _tile_dpbf16ps(3, 4, 5); }
+        }
+        const size_t sstride = CHUNK * sizeof(float);
+        _tile_stored(0, S + 16 * pb, sstride);
+        if (nb > 1) _tile_stored(1, S + 16 * (pb + 1), sstride);
+        if (nb > 2) _tile_stored(2, S + 16 * (pb + 2), sstride);
+        if (nb > 3) _tile_stored(3, S + 16 * (pb + 3), sstride);
+    }
+    const float scale = 1.0f / std::sqrt((float)hd);
+    for (int j = 0; j < qs.n; j++) {  // softmax per query over its own positions, weights in bf16
+        float* s = S + (size_t)j * CHUNK;
+        const int n = qs.end[j] - c0;
+        __m512 mxv = _mm512_set1_ps(-INFINITY);
+        for (int t = 0; t < n; t += 16) {
+            const __mmask16 mask = (__mmask16)((1u << (n - t < 16 ? n - t : 16)) - 1);
+            const __m512 v = _mm512_mul_ps(_mm512_maskz_loadu_ps(mask, s + t), _mm512_set1_ps(scale));
+            _mm512_mask_storeu_ps(s + t, mask, v);
+            mxv = _mm512_mask_max_ps(mxv, mask, mxv, v);
+        }
+        const float mx = _mm512_reduce_max_ps(mxv);  // a maximum is exact in any order
+        __m512 sum = _mm512_setzero_ps();  // lane = position mod 16
+        for (int t = 0; t < n; t += 16) {
+            const __mmask16 mask = (__mmask16)((1u << (n - t < 16 ? n - t : 16)) - 1);
+            const __m512 e = round_bf16(exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(mask, s + t), _mm512_set1_ps(mx))));
+            _mm256_mask_storeu_epi16(&pw[(size_t)j * CHUNK + t], mask, bf16x16(e));
+            sum = _mm512_mask_add_ps(sum, mask, sum, e);
+        }
+        for (int t = n; t < 32 * ck.blocks32; t++) pw[(size_t)j * CHUNK + t] = 0;  // past its end: no weight
+        alignas(64) float lanes[16];
+        _mm512_store_ps(lanes, sum);
+        qs.partial[j][0] = mx;
+        qs.partial[j][1] = tree16(lanes);
+    }
+    alignas(64) float o[4][256];
+    const int dblocks = hd / 16;
+    for (int db = 0; db < dblocks; db += 4) {  // weights x V, four blocks of 16 dimensions at a time
+        const int nb = dblocks - db < 4 ? dblocks - db : 4;
+        _tile_zero(0);
+        if (nb > 1) _tile_zero(1);
+        if (nb > 2) _tile_zero(2);
+        if (nb > 3) _tile_zero(3);
+        for (int pc = 0; pc < ck.blocks32; pc++) {
+            const uint32_t* vt = ck.v + (size_t)(pc * dblocks + db) * 256;
+            _tile_loadd(4, &pw[(size_t)pc * 32], CHUNK * sizeof(bf16));
+            _tile_loadd(5, vt, 64);
+            _tile_dpbf16ps(0, 4, 5);
+            if (nb > 1) { _tile_loadd(6, vt + 256, 64); _tile_dpbf16ps(1, 4, 6); }
+            if (nb > 2) { _tile_loadd(7, vt + 512, 64); _tile_dpbf16ps(2, 4, 7); }
+            if (nb > 3) { _tile_loadd(5, vt + 768, 64); _tile_dpbf16ps(3, 4, 5); }
+        }
+        _tile_stored(0, o[0], 64);
+        if (nb > 1) _tile_stored(1, o[1], 64);
+        if (nb > 2) _tile_stored(2, o[2], 64);
+        if (nb > 3) _tile_stored(3, o[3], 64);
+        for (int t = 0; t < nb; t++)
+            for (int j = 0; j < qs.n; j++) std::memcpy(qs.partial[j] + 2 + 16 * (db + t), &o[t][j * 16], 16 * sizeof(float));
+    }
+}
+#endif
+
 // A row's chunks merged in order: softmax-weighted output, rounded to bf16.
 static void merge_chunks(const float* partial, int chunks, int hd, bf16* out) {
     const int stride = hd + 2;
@@ -795,6 +966,7 @@ extern "C" int specdec_pass(const int64_t* cfg, float eps, const float* inv_freq
         int lo, hi;
         Stream stream;  // this thread's weights, in the order of the stages below
         std::vector<uint32_t> scratch;  // this thread's prepared operand, stage after stage
+        std::vector<uint32_t> chunk_scratch;  // this thread's packed K/V chunk (the AMX form's attention)
         for (int layer = 0; layer < layers; layer++) {
             const bf16* const* p = (const bf16* const*)(layer_ptrs + (size_t)layer * PER_LAYER);
             share(H + 2 * Hkv, 1, tid, nt, &lo, &hi);
@@ -859,6 +1031,13 @@ extern "C" int specdec_pass(const int64_t* cfg, float eps, const float* inv_freq
             for (int task = 0; task < n_tasks; task++) {
                 const int b = tasks[3 * task], g = tasks[3 * task + 1], c = tasks[3 * task + 2], c0 = c * CHUNK;
                 const bf16 *kg = kc + b * seq_stride + (size_t)g * C * hd, *vg = vc + b * seq_stride + (size_t)g * C * hd;
+                float* sc = &scores[(size_t)tid * Queries::MAX * CHUNK];
+#if defined(SPECDEC_AMX)
+                const Chunk ck = pack_chunk(kg, vg, c0, seq_end[b] < c0 + CHUNK ? seq_end[b] : c0 + CHUNK, hd, chunk_scratch);
+                auto run = [&](const Queries& qs) { attend_tiles(qs, ck, c0, hd, sc); };
+#else
+                auto run = [&](const Queries& qs) { attend(qs, kg, vg, c0, hd, sc); };
+#endif
                 Queries qs;
                 for (int m = 0; m < M; m++) {
                     const int n = (int)pos[m] + 1;  // row m sees positions 0..pos[m] of its sequence
@@ -867,10 +1046,10 @@ extern "C" int specdec_pass(const int64_t* cfg, float eps, const float* inv_freq
                         qs.q[qs.n] = &qb[(size_t)m * Q + hh * hd];
                         qs.end[qs.n] = n < c0 + CHUNK ? n : c0 + CHUNK;
                         qs.partial[qs.n] = &partial[(((size_t)hh * M + m) * chunks + c) * (hd + 2)];
-                        if (++qs.n == Queries::MAX) attend(qs, kg, vg, c0, hd, &scores[(size_t)tid * Queries::MAX * CHUNK]), qs.n = 0;
+                        if (++qs.n == Queries::MAX) run(qs), qs.n = 0;
                     }
                 }
-                if (qs.n) attend(qs, kg, vg, c0, hd, &scores[(size_t)tid * Queries::MAX * CHUNK]);
+                if (qs.n) run(qs);
             }
 #pragma omp for schedule(static)
             for (int task = 0; task < M * H; task++) {
