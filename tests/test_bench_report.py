@@ -124,6 +124,19 @@ def test_no_ceilings_no_section(tmp_path):
     assert "How far the drafters" not in (tmp_path / "report.md").read_text()
 
 
+def test_the_header_names_the_machine_and_the_kernel(tmp_path):
+    # Sessions land on VMs of one name and several CPUs: the family and model tell them apart.
+    report = make_report()
+    report["environment"] |= {"cpu_id": "family 6, model 167", "engine": "native", "native_kernel": "amx-bf16"}
+    R.write_report(report, tmp_path)
+    line = next(l for l in (tmp_path / "report.md").read_text().splitlines() if l.startswith("**Environment:**"))
+    assert "Test CPU (family 6, model 167; 4 CPUs)" in line and "engine native (kernel amx-bf16)" in line
+    report["environment"] |= {"cpu_id": None, "native_kernel": None}
+    R.write_report(report, tmp_path)
+    line = next(l for l in (tmp_path / "report.md").read_text().splitlines() if l.startswith("**Environment:**"))
+    assert "Test CPU (4 CPUs)" in line and "kernel" not in line
+
+
 def test_half_precision_tolerance_and_single_k(tmp_path):
     R.write_report(make_report(dtype="bfloat16", ks=(4,)), tmp_path)
     md = (tmp_path / "report.md").read_text()

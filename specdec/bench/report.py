@@ -109,10 +109,13 @@ DEFINITIONS = [
 
 def _md_header(report: dict) -> list[str]:
     e, methods = report.get("environment") or {}, report.get("methods", [])
-    env = (f"{e.get('cpu')} ({e.get('cpu_count')} CPUs), {e.get('threads')} threads, device {e.get('device')}"
-           + (f" ({e['gpu']})" if e.get("gpu") else "") + f", {e.get('dtype')}; python {e.get('python')}, torch "
-           f"{e.get('torch')}, transformers {e.get('transformers')}, specdec {e.get('specdec')}; "
-           f"commit {e.get('git_commit') or DASH}; {e.get('date')}")
+    machine = "; ".join(filter(None, [e.get("cpu_id"), f"{e.get('cpu_count')} CPUs"]))
+    env = (f"{e.get('cpu')} ({machine}), {e.get('threads')} threads, device {e.get('device')}"
+           + (f" ({e['gpu']})" if e.get("gpu") else "") + f", {e.get('dtype')}"
+           + (f", engine {e['engine']}" if e.get("engine") else "")
+           + (f" (kernel {e['native_kernel']})" if e.get("native_kernel") else "")
+           + f"; python {e.get('python')}, torch {e.get('torch')}, transformers {e.get('transformers')}, "
+           f"specdec {e.get('specdec')}; commit {e.get('git_commit') or DASH}; {e.get('date')}")
     load = ", ".join(f"{k} {_fmt(v)} s" for k, v in (report.get("load_seconds") or {}).items())
     first = _get((report.get("prompts") or [None])[0], "id")
     warm = {m["name"]: [r["seconds"] for r in report.get("records", []) if r.get("method") == m["name"]

@@ -139,16 +139,18 @@ def environment(cfg: BenchConfig, dtype) -> dict:
         except (OSError, subprocess.SubprocessError):
             return None
 
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
+    cpu, fields = platform.processor() or platform.machine(), {}
+    try:  # the first processor's fields: a VM's model name alone ("Intel(R) Xeon(R) Processor") says little
+        for line in Path("/proc/cpuinfo").read_text().split("\n\n", 1)[0].splitlines():
+            key, _, value = line.partition(":")
+            fields[key.strip()] = value.strip()
     except OSError:
         pass
+    cpu = fields.get("model name", cpu)
+    cpu_id = (f"family {fields['cpu family']}, model {fields['model']}"
+              if "cpu family" in fields and "model" in fields else None)
     return {
-        "cpu": cpu, "cpu_count": os.cpu_count(), "threads": torch.get_num_threads(),
+        "cpu": cpu, "cpu_id": cpu_id, "cpu_count": os.cpu_count(), "threads": torch.get_num_threads(),
         "gpu": torch.cuda.get_device_name(0) if cfg.device.startswith("cuda") else None,
         "device": cfg.device, "dtype": None if dtype is None else str(dtype).replace("torch.", ""),
         "python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
