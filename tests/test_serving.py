@@ -8,6 +8,7 @@ import socket
 import subprocess
 import time
 import urllib.request
+from pathlib import Path
 
 import pytest
 
@@ -32,10 +33,24 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def amx_cpu() -> bool:
+    try:
+        return "amx_int8" in Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+
+
+# llama.cpp's AMX backend segfaults on quantized weights on an AMX CPU (ggml-org/llama.cpp#20824: the
+# embedded Q4_1 file, on an Intel Xeon VM): there the servers run without weight repacking, which
+# keeps that backend off, as the llama.cpp engine does (specdec.models.llamacpp.has_amx_backend).
+NO_REPACK = ["--no-repack"] if amx_cpu() else []
+
+
 def start(args: list[str]):
     port = free_port()
-    proc = subprocess.Popen([str(LLAMA_SERVER), *args, "--host", "127.0.0.1", "--port", str(port), "--metrics",
-                             "-c", "2048", "-t", "1", "-np", "2"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen([str(LLAMA_SERVER), *args, *NO_REPACK, "--host", "127.0.0.1", "--port", str(port),
+                             "--metrics", "-c", "2048", "-t", "1", "-np", "2"], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     deadline = time.time() + 120
     while time.time() < deadline:

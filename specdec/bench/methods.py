@@ -164,11 +164,14 @@ class LlamaCpp(Method):
         from llama_cpp import Llama
         from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
+        from ..models.llamacpp import loading_for_this_cpu
+
         draft = LlamaPromptLookupDecoding(num_pred_tokens=lookup_k) if lookup_k else None
         self.name, self.eos_ids = name, set(eos_ids)
         self.drafter, self.k = ("ngram", lookup_k) if lookup_k else (None, None)
-        self.llm = Llama(model_path=str(path), n_ctx=n_ctx, n_batch=n_ctx, n_threads=threads,
-                         n_threads_batch=threads, draft_model=draft, verbose=False)
+        with loading_for_this_cpu():
+            self.llm = Llama(model_path=str(path), n_ctx=n_ctx, n_batch=n_ctx, n_threads=threads,
+                             n_threads_batch=threads, draft_model=draft, verbose=False)
 
     def call(self, prompt_ids, max_tokens):
         self.llm.reset()  # no prompt reuse from the last call: every trial pays its prefill

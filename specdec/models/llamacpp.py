@@ -11,6 +11,7 @@ own KV cache) of its own, made on the first `reset`, so a model can draft for it
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 from pathlib import Path
@@ -39,6 +40,38 @@ def llama_cpp():
     return lib
 
 
+def has_amx_backend(lib) -> bool:
+    """Whether this llama.cpp was built with its AMX backend (an extra buffer type for quantized
+    weights, built where the CPU has AMX). Its matmul segfaults on the first pass on an Intel
+    Xeon VM (ggml_backend_amx_mul_mat, with the embedded Q4_1 file and Gemma's Q4_K_M;
+    ggml-org/llama.cpp#20824), so there the weights stay in plain CPU buffers (no extra
+    buffer types, which also skips the repacked ones)."""
+    return b"AMX_INT8 = 1" in lib.llama_print_system_info()
+
+
+@contextlib.contextmanager
+def loading_for_this_cpu():
+    """While llama-cpp-python's `Llama` loads a model (it fills its model parameters itself):
+    where llama.cpp has its AMX backend, keep extra buffer types off there too (has_amx_backend)."""
+    import llama_cpp.llama_cpp as raw
+
+    default = raw.llama_model_default_params
+    if not has_amx_backend(llama_cpp()):
+        yield
+        return
+
+    def without_extra_buffers():
+        params = default()
+        params.use_extra_bufts = False
+        return params
+
+    raw.llama_model_default_params = without_extra_buffers
+    try:
+        yield
+    finally:
+        raw.llama_model_default_params = default
+
+
 class _Weights:
     """A loaded llama_model, freed when the last model object using it goes."""
 
@@ -46,6 +79,7 @@ class _Weights:
         lib = llama_cpp()
         params = lib.llama_model_default_params()
         params.n_gpu_layers = 0
+        params.use_extra_bufts = not has_amx_backend(lib)
         self.lib, self.ptr = lib, lib.llama_model_load_from_file(str(path).encode(), params)
         if not self.ptr:
             raise ValueError(f"{path}: llama.cpp cannot load this file (not a GGUF model it supports)")
