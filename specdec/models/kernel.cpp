@@ -288,7 +288,7 @@ static void dots(const Operand& in, const bf16* W, int n0, int n1, float* out, i
 // a row gets the same bits in a block of any size, padded or not. (They are not the other
 // forms' bits, whose tree16 reduction sums in another order; greedy exactness needs only
 // that every pass of this build sums alike.)
-// Tiles: 0-3 accumulators, 4, 6 and 7 weights, 5 and 7 inputs.
+// Tiles: 0-3 accumulators, 4 and 6 weights, 5 and 7 inputs.
 #undef SPECDEC_ISA
 #define SPECDEC_ISA "amx-bf16"
 
@@ -314,10 +314,12 @@ static void configure_tiles() {
 static inline void release_tiles() { _tile_release(); }
 
 // Pairs for block b of 16 input rows and chunk c of 32 k: 16 lines (k pairs) of 16 inputs,
-// at scratch[((b * K/32 + c) * 16 + line) * 16 + input]; rows past M are zeros.
+// at scratch[((b * K/32 + c) * 16 + line) * 16 + input]. Columns past M are left as they are:
+// each feeds only its own column of the products, which no one reads (clearing them cost a
+// one-row pass 4.5 MB of stores).
 static Operand operand(const bf16* x, int M, int K, std::vector<uint32_t>& scratch) {
     const int blocks = (M + 15) / 16, chunks = K / 32;
-    scratch.assign((size_t)blocks * chunks * 256, 0);
+    scratch.resize((size_t)blocks * chunks * 256);
     for (int m = 0; m < M; m++) {
         uint32_t* dst = scratch.data() + (size_t)(m / 16) * chunks * 256 + m % 16;
         const uint32_t* src = reinterpret_cast<const uint32_t*>(x + (size_t)m * K);
@@ -333,28 +335,26 @@ static inline const char* prefetch16(const char* pf) {
     return pf;
 }
 
-// NB blocks of 16 weight rows (ldw apart) against one block of inputs; tile t -> c[t].
+// NB (1 or 2) blocks of 16 weight rows (ldw apart) against one block of inputs; tile t -> c[t].
 template <int NB>
 static void tiles_1(const bf16* W, int ldw, const uint32_t* xb, int chunks, float (*c)[256], const char* pf) {
-    const size_t stride = (size_t)ldw * sizeof(bf16), block = (size_t)16 * ldw;
+    const size_t stride = (size_t)ldw * sizeof(bf16);
     _tile_zero(0);
     if constexpr (NB > 1) _tile_zero(1);
-    if constexpr (NB > 2) _tile_zero(2);
-    if constexpr (NB > 3) _tile_zero(3);
     for (int k = 0; k < chunks; k++) {
         const bf16* w = W + (size_t)k * 32;
         _tile_loadd(5, xb + (size_t)k * 256, 64);
         _tile_loadd(4, w, stride);
         _tile_dpbf16ps(0, 4, 5);
         pf = prefetch16(pf);
-        if constexpr (NB > 1) { _tile_loadd(6, w + block, stride); _tile_dpbf16ps(1, 6, 5); pf = prefetch16(pf); }
-        if constexpr (NB > 2) { _tile_loadd(7, w + 2 * block, stride); _tile_dpbf16ps(2, 7, 5); pf = prefetch16(pf); }
-        if constexpr (NB > 3) { _tile_loadd(4, w + 3 * block, stride); _tile_dpbf16ps(3, 4, 5); pf = prefetch16(pf); }
+        if constexpr (NB > 1) {
+            _tile_loadd(6, w + (size_t)16 * ldw, stride);
+            _tile_dpbf16ps(1, 6, 5);
+            pf = prefetch16(pf);
+        }
     }
     _tile_stored(0, c[0], 64);
     if constexpr (NB > 1) _tile_stored(1, c[1], 64);
-    if constexpr (NB > 2) _tile_stored(2, c[2], 64);
-    if constexpr (NB > 3) _tile_stored(3, c[3], 64);
 }
 
 // NB (1 or 2) blocks of weight rows against two blocks of inputs (xb, xb + chunks * 256):
@@ -398,9 +398,13 @@ static void dots(const Operand& in, const bf16* W, int n0, int n1, float* out, i
             for (int i = 0; i < rows; i++) out[(size_t)(16 * b + j) * ldo + (n - n0) + i] = c[t][i * 16 + j];
     };
     // Rows in groups of 16 * nb; a last group of fewer than 16 rows is copied into a zeroed tile.
+    // The tiles read a group chunk by chunk of k across its rows, so groups stay small: 16 rows
+    // for one input, else 32. On the AMX VM (kernel_rows.py, one process) a one-row pass took
+    // 11.7 ms with 16-row groups, 12.4 with 32 and 13.2 with 64; a 9-row pass 14.3, 14.1, 14.7.
+    const int most = M == 1 ? 1 : 2;
     thread_local std::vector<bf16> tail;
     for (int n = n0; n < n1;) {
-        const int full = (n1 - n) / 16, nb = full == 0 ? 1 : blocks == 1 ? (full < 4 ? full : 4) : (full < 2 ? full : 2);
+        const int full = (n1 - n) / 16, nb = full == 0 ? 1 : full < most ? full : most;
         const size_t bytes = (size_t)(full ? 16 * nb : n1 - n) * K * sizeof(bf16);
         const char* pf = s ? s->take(bytes) : nullptr;
         const bf16* w = W + (size_t)n * K;
@@ -418,12 +422,8 @@ static void dots(const Operand& in, const bf16* W, int n0, int n1, float* out, i
                 else tiles_2<1>(w, K, xb, chunks, c, pf);
                 for (int t = 0; t < 2 * nb; t++) put(t, n + 16 * (t / 2), b + t % 2);
             } else {
-                switch (nb) {
-                    case 4: tiles_1<4>(w, K, xb, chunks, c, pf); break;
-                    case 3: tiles_1<3>(w, K, xb, chunks, c, pf); break;
-                    case 2: tiles_1<2>(w, K, xb, chunks, c, pf); break;
-                    default: tiles_1<1>(w, K, xb, chunks, c, pf); break;
-                }
+                if (nb == 2) tiles_1<2>(w, K, xb, chunks, c, pf);
+                else tiles_1<1>(w, K, xb, chunks, c, pf);
                 for (int t = 0; t < nb; t++) put(t, n + 16 * t, b);
             }
         }
