@@ -729,8 +729,13 @@ static void attend(const Queries& qs, const bf16* K, const bf16* V, int c0, int 
 // query gets the same bits in any task. Positions past the sequence's end are packed as
 // zeros and past a query's own end its weights are zeros: exact zeros added, whatever other
 // queries share the task.
+// A task of one tile of queries (a one-token pass, a short verification) skips packing K: its
+// scores are K's rows (as they lie in the cache) x the queries as pairs, positions x queries,
+// transposed after. The products and their order over k are the same either way round, so
+// the scores are the same bits (the tests compare passes whose tasks take either route).
 struct Chunk {
     const uint32_t* k;  // tile (32 dims kd, 16 positions pb) at (kd * blocks16 + pb) * 256: line r, column j = dims 32kd + 2r, +1 of position 16pb + j
+    const bf16* rows;   // or, where K is not packed: K's rows from the chunk's first position
     const uint32_t* v;  // tile (32 positions pc, 16 dims db) at (pc * hd / 16 + db) * 256: line r, column j = dim 16db + j of positions 32pc + 2r, +1
     int blocks16, blocks32;
 };
@@ -759,12 +764,14 @@ static inline void transpose16(__m512i* r) {
     }
 }
 
-static Chunk pack_chunk(const bf16* K, const bf16* V, int c0, int hi, int hd, std::vector<uint32_t>& scratch) {
+// pack_k false: K stays in the cache (Chunk::rows), whose rows must reach c0 + 16 * blocks16.
+static Chunk pack_chunk(const bf16* K, const bf16* V, int c0, int hi, int hd, bool pack_k,
+                        std::vector<uint32_t>& scratch) {
     const int n = hi - c0, b16 = (n + 15) / 16, b32 = (n + 31) / 32, dw = hd / 2;
     scratch.resize((size_t)b16 * 16 * dw + (size_t)b32 * 32 * dw);
     uint32_t* kp = scratch.data();
     uint32_t* vp = kp + (size_t)b16 * 16 * dw;
-    for (int pb = 0; pb < b16; pb++) {
+    for (int pb = 0; pb < (pack_k ? b16 : 0); pb++) {
         // The next K rows and these V rows come from memory while these K rows are transposed
         // (a long cache is not in cache).
         for (int j = 16 * pb; j < 16 * pb + 16 && j < n; j++)
@@ -781,6 +788,9 @@ static Chunk pack_chunk(const bf16* K, const bf16* V, int c0, int hi, int hd, st
             for (int r = 0; r < 16; r++) _mm512_storeu_si512((void*)(kp + (size_t)(kd * b16 + pb) * 256 + r * 16), rows[r]);
         }
     }
+    if (!pack_k)  // V's rows come from memory while the first are interleaved (the K loop does this otherwise)
+        for (int j = 0; j < n; j++)
+            for (int d = 0; d < hd; d += 32) _mm_prefetch((const char*)(V + (size_t)(c0 + j) * hd + d), _MM_HINT_T0);
     __m512i even, odd;  // (a[i], b[i]) for i in 0..15, and in 16..31
     {
         alignas(64) uint16_t e[32], o[32];
@@ -800,7 +810,7 @@ static Chunk pack_chunk(const bf16* K, const bf16* V, int c0, int hi, int hd, st
                 _mm512_storeu_si512((void*)(tile + 256), _mm512_permutex2var_epi16(a, odd, b));
             }
         }
-    return {kp, vp, b16, b32};
+    return {pack_k ? kp : nullptr, pack_k ? nullptr : K + (size_t)c0 * hd, vp, b16, b32};
 }
 
 // Up to 16 queries over one packed chunk: {max, sum of weights, sum of weights * V} each.
@@ -814,7 +824,30 @@ static void attend_tiles(const Queries& qs, const Chunk& ck, int c0, int hd, flo
     for (int j = 0; j < qs.n; j++) std::memcpy(&qg[(size_t)j * hd], qs.q[j], (size_t)hd * sizeof(bf16));
     configure_tiles();
     const size_t qstride = (size_t)hd * sizeof(bf16);
-    for (int pb = 0; pb < ck.blocks16; pb += 4) {  // scores, four blocks of 16 positions at a time
+    if (ck.rows) {  // scores as positions x queries, from K's rows, then transposed
+        alignas(64) uint32_t qp[8][256];  // the queries as pairs: tile kd, line r, column j = dims 32kd + 2r, +1 of query j
+        for (int kd = 0; kd < hd / 32; kd++) {
+            __m512i r[16];
+            for (int j = 0; j < 16; j++) r[j] = _mm512_loadu_si512((const void*)&qg[(size_t)j * hd + 32 * kd]);
+            transpose16(r);
+            for (int i = 0; i < 16; i++) _mm512_store_si512((void*)&qp[kd][16 * i], r[i]);
+        }
+        for (int pb = 0; pb < ck.blocks16; pb++) {
+            _tile_zero(0);
+            for (int kd = 0; kd < hd / 32; kd++) {
+                _tile_loadd(4, ck.rows + (size_t)16 * pb * hd + 32 * kd, qstride);
+                _tile_loadd(5, qp[kd], 64);
+                _tile_dpbf16ps(0, 4, 5);
+            }
+            alignas(64) float t[256];
+            _tile_stored(0, t, 64);
+            __m512i r[16];
+            for (int i = 0; i < 16; i++) r[i] = _mm512_load_si512((const void*)(t + 16 * i));
+            transpose16(r);
+            for (int j = 0; j < qs.n; j++) _mm512_storeu_si512((void*)(S + (size_t)j * CHUNK + 16 * pb), r[j]);
+        }
+    }
+    for (int pb = 0; pb < (ck.rows ? 0 : ck.blocks16); pb += 4) {  // scores, four blocks of 16 positions at a time
         const int nb = ck.blocks16 - pb < 4 ? ck.blocks16 - pb : 4;
         _tile_zero(0);
         if (nb > 1) _tile_zero(1);
@@ -1037,7 +1070,11 @@ extern "C" int specdec_pass(const int64_t* cfg, float eps, const float* inv_freq
                 const bf16 *kg = kc + b * seq_stride + (size_t)g * C * hd, *vg = vc + b * seq_stride + (size_t)g * C * hd;
                 float* sc = &scores[(size_t)tid * Queries::MAX * CHUNK];
 #if defined(SPECDEC_AMX)
-                const Chunk ck = pack_chunk(kg, vg, c0, seq_end[b] < c0 + CHUNK ? seq_end[b] : c0 + CHUNK, hd, chunk_scratch);
+                const int hi = seq_end[b] < c0 + CHUNK ? seq_end[b] : c0 + CHUNK;
+                int nq = 0;  // the task's queries: one tile of them reads K's rows as they are
+                for (int m = 0; m < M; m++) nq += (seq[m] == b && pos[m] + 1 > c0) ? group : 0;
+                const bool pack_k = nq > Queries::MAX || c0 + 16 * ((hi - c0 + 15) / 16) > C;
+                const Chunk ck = pack_chunk(kg, vg, c0, hi, hd, pack_k, chunk_scratch);
                 auto run = [&](const Queries& qs) { attend_tiles(qs, ck, c0, hd, sc); };
 #else
                 auto run = [&](const Queries& qs) { attend(qs, kg, vg, c0, hd, sc); };
