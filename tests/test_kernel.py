@@ -240,7 +240,6 @@ def test_the_kernel_can_be_turned_off(tiny):
     assert bad.returncode != 0 and "SPECDEC_KERNEL must be on, off, portable or avx512" in bad.stderr
 
 
-
 @pytest.mark.skipif("avx512_bf16" not in kernel._cpu_flags().split(), reason="no AVX512-BF16 on this CPU")
 def test_the_avx512_form_can_be_asked_for(tiny):
     # Where the native form is AMX's (or the OS refuses the tiles), the AVX-512 form is one setting away.

@@ -764,17 +764,12 @@ static inline void transpose16(__m512i* r) {
     }
 }
 
-// pack_k false: K stays in the cache (Chunk::rows), whose rows must reach c0 + 16 * blocks16.
-static Chunk pack_chunk(const bf16* K, const bf16* V, int c0, int hi, int hd, bool pack_k,
-                        std::vector<uint32_t>& scratch) {
-    const int n = hi - c0, b16 = (n + 15) / 16, b32 = (n + 31) / 32, dw = hd / 2;
-    scratch.resize((size_t)b16 * 16 * dw + (size_t)b32 * 32 * dw);
-    uint32_t* kp = scratch.data();
-    uint32_t* vp = kp + (size_t)b16 * 16 * dw;
-    for (int pb = 0; pb < (pack_k ? b16 : 0); pb++) {
-        // The next K rows and these V rows come from memory while these K rows are transposed
-        // (a long cache is not in cache).
-        for (int j = 16 * pb; j < 16 * pb + 16 && j < n; j++)
+// K as the right operand of the scores (Chunk::k), its n rows from position c0; V's rows are
+// prefetched meanwhile, a block behind (a long cache is not in cache).
+static void pack_keys(const bf16* K, const bf16* V, int c0, int n, int hd, uint32_t* kp) {
+    const int b16 = (n + 15) / 16;
+    for (int pb = 0; pb < b16; pb++) {
+        for (int j = 16 * pb; j < 16 * pb + 16 && j < n; j++)  // the next K rows and these V rows
             for (int d = 0; d < hd; d += 32) {
                 _mm_prefetch((const char*)(V + (size_t)(c0 + j) * hd + d), _MM_HINT_T0);
                 if (j + 16 < n) _mm_prefetch((const char*)(K + (size_t)(c0 + j + 16) * hd + d), _MM_HINT_T0);
@@ -788,9 +783,10 @@ static Chunk pack_chunk(const bf16* K, const bf16* V, int c0, int hi, int hd, bo
             for (int r = 0; r < 16; r++) _mm512_storeu_si512((void*)(kp + (size_t)(kd * b16 + pb) * 256 + r * 16), rows[r]);
         }
     }
-    if (!pack_k)  // V's rows come from memory while the first are interleaved (the K loop does this otherwise)
-        for (int j = 0; j < n; j++)
-            for (int d = 0; d < hd; d += 32) _mm_prefetch((const char*)(V + (size_t)(c0 + j) * hd + d), _MM_HINT_T0);
+}
+
+// V as the right operand of the weighted sum (Chunk::v): pairs of positions interleaved.
+static void pack_values(const bf16* V, int c0, int n, int hd, uint32_t* vp) {
     __m512i even, odd;  // (a[i], b[i]) for i in 0..15, and in 16..31
     {
         alignas(64) uint16_t e[32], o[32];
@@ -799,7 +795,7 @@ static Chunk pack_chunk(const bf16* K, const bf16* V, int c0, int hi, int hd, bo
         odd = _mm512_load_si512((const void*)o);
     }
     const int dblocks = hd / 16;
-    for (int pc = 0; pc < b32; pc++)
+    for (int pc = 0; pc < (n + 31) / 32; pc++)
         for (int r = 0; r < 16; r++) {
             const int p = 32 * pc + 2 * r;
             for (int d = 0; d < hd; d += 32) {
@@ -810,10 +806,78 @@ static Chunk pack_chunk(const bf16* K, const bf16* V, int c0, int hi, int hd, bo
                 _mm512_storeu_si512((void*)(tile + 256), _mm512_permutex2var_epi16(a, odd, b));
             }
         }
+}
+
+// A task's chunk, positions [c0, hi). pack_k false: K stays in the cache (Chunk::rows), whose
+// rows must reach c0 + 16 * blocks16.
+static Chunk pack_chunk(const bf16* K, const bf16* V, int c0, int hi, int hd, bool pack_k,
+                        std::vector<uint32_t>& scratch) {
+    const int n = hi - c0, b16 = (n + 15) / 16, b32 = (n + 31) / 32, dw = hd / 2;
+    scratch.resize((size_t)b16 * 16 * dw + (size_t)b32 * 32 * dw);
+    uint32_t* kp = scratch.data();
+    uint32_t* vp = kp + (size_t)b16 * 16 * dw;
+    if (pack_k)
+        pack_keys(K, V, c0, n, hd, kp);
+    else  // V's rows come from memory while the first are interleaved
+        for (int j = 0; j < n; j++)
+            for (int d = 0; d < hd; d += 32) _mm_prefetch((const char*)(V + (size_t)(c0 + j) * hd + d), _MM_HINT_T0);
+    pack_values(V, c0, n, hd, vp);
     return {pack_k ? kp : nullptr, pack_k ? nullptr : K + (size_t)c0 * hd, vp, b16, b32};
 }
 
-// Up to 16 queries over one packed chunk: {max, sum of weights, sum of weights * V} each.
+// Scores S[j][p] (16 x CHUNK) of n queries (qg: 16 x hd) over a chunk whose K is in the cache:
+// positions x queries (A = 16 of K's rows, B = the queries as pairs), each tile transposed.
+static void scores_from_rows(int n, const bf16* qg, const Chunk& ck, int hd, float* S) {
+    const size_t qstride = (size_t)hd * sizeof(bf16);
+    alignas(64) uint32_t qp[8][256];  // the queries as pairs: tile kd, line r, column j = dims 32kd + 2r, +1 of query j
+    for (int kd = 0; kd < hd / 32; kd++) {
+        __m512i r[16];
+        for (int j = 0; j < 16; j++) r[j] = _mm512_loadu_si512((const void*)(qg + (size_t)j * hd + 32 * kd));
+        transpose16(r);
+        for (int i = 0; i < 16; i++) _mm512_store_si512((void*)&qp[kd][16 * i], r[i]);
+    }
+    for (int pb = 0; pb < ck.blocks16; pb++) {
+        _tile_zero(0);
+        for (int kd = 0; kd < hd / 32; kd++) {
+            _tile_loadd(4, ck.rows + (size_t)16 * pb * hd + 32 * kd, qstride);
+            _tile_loadd(5, qp[kd], 64);
+            _tile_dpbf16ps(0, 4, 5);
+        }
+        alignas(64) float t[256];
+        _tile_stored(0, t, 64);
+        __m512i r[16];
+        for (int i = 0; i < 16; i++) r[i] = _mm512_load_si512((const void*)(t + 16 * i));
+        transpose16(r);
+        for (int j = 0; j < n; j++) _mm512_storeu_si512((void*)(S + (size_t)j * CHUNK + 16 * pb), r[j]);
+    }
+}
+
+// The same scores over a chunk whose K is packed: queries x positions, four tiles of positions at a time.
+static void scores_from_packed(const bf16* qg, const Chunk& ck, int hd, float* S) {
+    const size_t qstride = (size_t)hd * sizeof(bf16), sstride = CHUNK * sizeof(float);
+    for (int pb = 0; pb < ck.blocks16; pb += 4) {
+        const int nb = ck.blocks16 - pb < 4 ? ck.blocks16 - pb : 4;
+        _tile_zero(0);
+        if (nb > 1) _tile_zero(1);
+        if (nb > 2) _tile_zero(2);
+        if (nb > 3) _tile_zero(3);
+        for (int kd = 0; kd < hd / 32; kd++) {
+            const uint32_t* kt = ck.k + (size_t)(kd * ck.blocks16 + pb) * 256;
+            _tile_loadd(4, qg + (size_t)kd * 32, qstride);
+            _tile_loadd(5, kt, 64);
+            _tile_dpbf16ps(0, 4, 5);
+            if (nb > 1) { _tile_loadd(6, kt + 256, 64); _tile_dpbf16ps(1, 4, 6); }
+            if (nb > 2) { _tile_loadd(7, kt + 512, 64); _tile_dpbf16ps(2, 4, 7); }
+            if (nb > 3) { _tile_loadd(5, kt + 768, 64); _tile_dpbf16ps(3, 4, 5); }
+        }
+        _tile_stored(0, S + 16 * pb, sstride);
+        if (nb > 1) _tile_stored(1, S + 16 * (pb + 1), sstride);
+        if (nb > 2) _tile_stored(2, S + 16 * (pb + 2), sstride);
+        if (nb > 3) _tile_stored(3, S + 16 * (pb + 3), sstride);
+    }
+}
+
+// Up to 16 queries over one chunk: {max, sum of weights, sum of weights * V} each.
 // S: 16 x CHUNK floats of this thread's.
 static void attend_tiles(const Queries& qs, const Chunk& ck, int c0, int hd, float* S) {
     // The queries and their weights, 16 x hd and 16 x CHUNK. Rows past qs.n are whatever was
@@ -823,51 +887,10 @@ static void attend_tiles(const Queries& qs, const Chunk& ck, int c0, int hd, flo
     pw.resize((size_t)16 * CHUNK);
     for (int j = 0; j < qs.n; j++) std::memcpy(&qg[(size_t)j * hd], qs.q[j], (size_t)hd * sizeof(bf16));
     configure_tiles();
-    const size_t qstride = (size_t)hd * sizeof(bf16);
-    if (ck.rows) {  // scores as positions x queries, from K's rows, then transposed
-        alignas(64) uint32_t qp[8][256];  // the queries as pairs: tile kd, line r, column j = dims 32kd + 2r, +1 of query j
-        for (int kd = 0; kd < hd / 32; kd++) {
-            __m512i r[16];
-            for (int j = 0; j < 16; j++) r[j] = _mm512_loadu_si512((const void*)&qg[(size_t)j * hd + 32 * kd]);
-            transpose16(r);
-            for (int i = 0; i < 16; i++) _mm512_store_si512((void*)&qp[kd][16 * i], r[i]);
-        }
-        for (int pb = 0; pb < ck.blocks16; pb++) {
-            _tile_zero(0);
-            for (int kd = 0; kd < hd / 32; kd++) {
-                _tile_loadd(4, ck.rows + (size_t)16 * pb * hd + 32 * kd, qstride);
-                _tile_loadd(5, qp[kd], 64);
-                _tile_dpbf16ps(0, 4, 5);
-            }
-            alignas(64) float t[256];
-            _tile_stored(0, t, 64);
-            __m512i r[16];
-            for (int i = 0; i < 16; i++) r[i] = _mm512_load_si512((const void*)(t + 16 * i));
-            transpose16(r);
-            for (int j = 0; j < qs.n; j++) _mm512_storeu_si512((void*)(S + (size_t)j * CHUNK + 16 * pb), r[j]);
-        }
-    }
-    for (int pb = 0; pb < (ck.rows ? 0 : ck.blocks16); pb += 4) {  // scores, four blocks of 16 positions at a time
-        const int nb = ck.blocks16 - pb < 4 ? ck.blocks16 - pb : 4;
-        _tile_zero(0);
-        if (nb > 1) _tile_zero(1);
-        if (nb > 2) _tile_zero(2);
-        if (nb > 3) _tile_zero(3);
-        for (int kd = 0; kd < hd / 32; kd++) {
-            const uint32_t* kt = ck.k + (size_t)(kd * ck.blocks16 + pb) * 256;
-            _tile_loadd(4, &qg[(size_t)kd * 32], qstride);
-            _tile_loadd(5, kt, 64);
-            _tile_dpbf16ps(0, 4, 5);
-            if (nb > 1) { _tile_loadd(6, kt + 256, 64); _tile_dpbf16ps(1, 4, 6); }
-            if (nb > 2) { _tile_loadd(7, kt + 512, 64); _tile_dpbf16ps(2, 4, 7); }
-            if (nb > 3) { _tile_loadd(5, kt + 768, 64); _tile_dpbf16ps(3, 4, 5); }
-        }
-        const size_t sstride = CHUNK * sizeof(float);
-        _tile_stored(0, S + 16 * pb, sstride);
-        if (nb > 1) _tile_stored(1, S + 16 * (pb + 1), sstride);
-        if (nb > 2) _tile_stored(2, S + 16 * (pb + 2), sstride);
-        if (nb > 3) _tile_stored(3, S + 16 * (pb + 3), sstride);
-    }
+    if (ck.rows)
+        scores_from_rows(qs.n, qg.data(), ck, hd, S);
+    else
+        scores_from_packed(qg.data(), ck, hd, S);
     const float scale = 1.0f / std::sqrt((float)hd);
     for (int j = 0; j < qs.n; j++) {  // softmax per query over its own positions, weights in bf16
         float* s = S + (size_t)j * CHUNK;

@@ -49,23 +49,22 @@ def has_amx_backend(lib) -> bool:
     return b"AMX_INT8 = 1" in lib.llama_print_system_info()
 
 
+def without_amx_backend(params, lib):
+    """`params` (llama.cpp's model parameters) with extra buffer types off where llama.cpp has
+    its AMX backend (has_amx_backend)."""
+    if has_amx_backend(lib):
+        params.use_extra_bufts = False
+    return params
+
+
 @contextlib.contextmanager
 def loading_for_this_cpu():
-    """While llama-cpp-python's `Llama` loads a model (it fills its model parameters itself):
-    where llama.cpp has its AMX backend, keep extra buffer types off there too (has_amx_backend)."""
+    """While llama-cpp-python's `Llama` loads a model: it fills its model parameters itself from
+    llama.cpp's defaults, so meanwhile those pass through without_amx_backend."""
     import llama_cpp.llama_cpp as raw
 
-    default = raw.llama_model_default_params
-    if not has_amx_backend(llama_cpp()):
-        yield
-        return
-
-    def without_extra_buffers():
-        params = default()
-        params.use_extra_bufts = False
-        return params
-
-    raw.llama_model_default_params = without_extra_buffers
+    default, lib = raw.llama_model_default_params, llama_cpp()
+    raw.llama_model_default_params = lambda: without_amx_backend(default(), lib)
     try:
         yield
     finally:
@@ -77,9 +76,8 @@ class _Weights:
 
     def __init__(self, path: Path):
         lib = llama_cpp()
-        params = lib.llama_model_default_params()
+        params = without_amx_backend(lib.llama_model_default_params(), lib)
         params.n_gpu_layers = 0
-        params.use_extra_bufts = not has_amx_backend(lib)
         self.lib, self.ptr = lib, lib.llama_model_load_from_file(str(path).encode(), params)
         if not self.ptr:
             raise ValueError(f"{path}: llama.cpp cannot load this file (not a GGUF model it supports)")
