@@ -313,17 +313,55 @@ static void configure_tiles() {
 // At the end of a pass: tiles left in use cost every context switch a save of 8 KB of tile state.
 static inline void release_tiles() { _tile_release(); }
 
+// Sixteen rows of 16 dwords transposed in registers (unpacks within 128-bit lanes, then lanes).
+static inline void transpose16(__m512i* r) {
+    __m512i t[16], u[16];
+    for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 16; i += 4) {
+        u[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+        u[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+        u[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+        u[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+    }
+    // u[4i + k], lane L: column 4L + k of rows 4i..4i+3.
+    for (int k = 0; k < 4; k++) {
+        const __m512i a = _mm512_shuffle_i32x4(u[k], u[4 + k], 0x88), b = _mm512_shuffle_i32x4(u[k], u[4 + k], 0xdd);
+        const __m512i c = _mm512_shuffle_i32x4(u[8 + k], u[12 + k], 0x88), d = _mm512_shuffle_i32x4(u[8 + k], u[12 + k], 0xdd);
+        r[k] = _mm512_shuffle_i32x4(a, c, 0x88);
+        r[8 + k] = _mm512_shuffle_i32x4(a, c, 0xdd);
+        r[4 + k] = _mm512_shuffle_i32x4(b, d, 0x88);
+        r[12 + k] = _mm512_shuffle_i32x4(b, d, 0xdd);
+    }
+}
+
 // Pairs for block b of 16 input rows and chunk c of 32 k: 16 lines (k pairs) of 16 inputs,
-// at scratch[((b * K/32 + c) * 16 + line) * 16 + input]. Columns past M are left as they are:
-// each feeds only its own column of the products, which no one reads (clearing them cost a
-// one-row pass 4.5 MB of stores).
+// at scratch[((b * K/32 + c) * 16 + line) * 16 + input]. A block of 4 or more rows is
+// transposed in registers, 16 pairs of 16 rows at a time (its columns past M become zeros); a
+// block of fewer writes its own columns only and leaves the others as they are. Either way a
+// column past M feeds only its own column of the products, which no one reads (clearing them
+// cost a one-row pass 4.5 MB of stores).
 static Operand operand(const bf16* x, int M, int K, std::vector<uint32_t>& scratch) {
     const int blocks = (M + 15) / 16, chunks = K / 32;
     scratch.resize((size_t)blocks * chunks * 256);
-    for (int m = 0; m < M; m++) {
-        uint32_t* dst = scratch.data() + (size_t)(m / 16) * chunks * 256 + m % 16;
-        const uint32_t* src = reinterpret_cast<const uint32_t*>(x + (size_t)m * K);
-        for (int i = 0; i < K / 2; i++) dst[(size_t)i * 16] = src[i];  // pair i: chunk i / 16, line i % 16
+    for (int b = 0; b < blocks; b++) {
+        const int rows = M - 16 * b < 16 ? M - 16 * b : 16;
+        uint32_t* dst = scratch.data() + (size_t)b * chunks * 256;
+        const uint32_t* src = reinterpret_cast<const uint32_t*>(x + (size_t)16 * b * K);
+        if (rows < 4) {  // a few rows: their own columns only
+            for (int m = 0; m < rows; m++)
+                for (int i = 0; i < K / 2; i++) dst[(size_t)i * 16 + m] = src[(size_t)m * K / 2 + i];
+            continue;
+        }
+        for (int c = 0; c < chunks; c++) {  // 16 pairs of 16 rows, transposed: the chunk's 16 lines
+            __m512i r[16];
+            for (int m = 0; m < 16; m++)
+                r[m] = m < rows ? _mm512_loadu_si512((const void*)(src + (size_t)m * K / 2 + 16 * c)) : _mm512_setzero_si512();
+            transpose16(r);
+            for (int l = 0; l < 16; l++) _mm512_storeu_si512((void*)(dst + (size_t)c * 256 + l * 16), r[l]);
+        }
     }
     return {x, M, K, scratch.data()};
 }
@@ -394,8 +432,16 @@ static void dots(const Operand& in, const bf16* W, int n0, int n1, float* out, i
     // c[t] holds weight rows n.. against input block b: element (i, j) is out row 16b + j, column n + i.
     auto put = [&](int t, int n, int b) {
         const int rows = n1 - n < 16 ? n1 - n : 16, cols = M - 16 * b < 16 ? M - 16 * b : 16;
+        if (cols == 1) {
+            for (int i = 0; i < rows; i++) out[(size_t)(16 * b) * ldo + (n - n0) + i] = c[t][i * 16];
+            return;
+        }
+        __m512i r[16];  // transposed: r[j] = input j's outputs for the tile's 16 weight rows
+        for (int i = 0; i < 16; i++) r[i] = _mm512_load_si512((const void*)&c[t][i * 16]);
+        transpose16(r);
+        const __mmask16 keep = (__mmask16)((1u << rows) - 1);
         for (int j = 0; j < cols; j++)
-            for (int i = 0; i < rows; i++) out[(size_t)(16 * b + j) * ldo + (n - n0) + i] = c[t][i * 16 + j];
+            _mm512_mask_storeu_epi32((void*)&out[(size_t)(16 * b + j) * ldo + (n - n0)], keep, r[j]);
     };
     // Rows in groups of 16 * nb; a last group of fewer than 16 rows is copied into a zeroed tile.
     // The tiles read a group chunk by chunk of k across its rows, so groups stay small: 16 rows
@@ -740,30 +786,6 @@ struct Chunk {
     int blocks16, blocks32;
 };
 
-// Sixteen rows of 16 dwords transposed in registers (unpacks within 128-bit lanes, then lanes).
-static inline void transpose16(__m512i* r) {
-    __m512i t[16], u[16];
-    for (int i = 0; i < 16; i += 2) {
-        t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
-        t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
-    }
-    for (int i = 0; i < 16; i += 4) {
-        u[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
-        u[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
-        u[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
-        u[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
-    }
-    // u[4i + k], lane L: column 4L + k of rows 4i..4i+3.
-    for (int k = 0; k < 4; k++) {
-        const __m512i a = _mm512_shuffle_i32x4(u[k], u[4 + k], 0x88), b = _mm512_shuffle_i32x4(u[k], u[4 + k], 0xdd);
-        const __m512i c = _mm512_shuffle_i32x4(u[8 + k], u[12 + k], 0x88), d = _mm512_shuffle_i32x4(u[8 + k], u[12 + k], 0xdd);
-        r[k] = _mm512_shuffle_i32x4(a, c, 0x88);
-        r[8 + k] = _mm512_shuffle_i32x4(a, c, 0xdd);
-        r[4 + k] = _mm512_shuffle_i32x4(b, d, 0x88);
-        r[12 + k] = _mm512_shuffle_i32x4(b, d, 0xdd);
-    }
-}
-
 // K as the right operand of the scores (Chunk::k), its n rows from position c0; V's rows are
 // prefetched meanwhile, a block behind (a long cache is not in cache).
 static void pack_keys(const bf16* K, const bf16* V, int c0, int n, int hd, uint32_t* kp) {
@@ -959,6 +981,38 @@ static void merge_chunks(const float* partial, int chunks, int hd, bf16* out) {
     for (int d = 0; d < hd; d++) out[d] = to_bf16(o[d] * inv);
 }
 
+// One head's projection output y [hd] -> dst (bf16): plus its bias, rounded as the reference
+// rounds (its projection outputs are bf16), rotated by RoPE if it is a query or key head.
+static void project_out(float* y, const bf16* bias, bool rotate, const float* c, const float* s, int hd, bf16* dst) {
+    const int half = hd / 2;
+#if defined(__AVX512BF16__)  // the scalar form's operations, 16 lanes at a time (half is a multiple of 16)
+    for (int d = 0; d < hd; d += 16) {
+        __m512 v = _mm512_loadu_ps(y + d);
+        if (bias) v = _mm512_add_ps(v, f32x16(_mm256_loadu_si256((const __m256i*)(bias + d))));
+        _mm512_storeu_ps(y + d, round_bf16(v));
+    }
+    if (rotate)
+        for (int j = 0; j < half; j += 16) {
+            const __m512 a = _mm512_loadu_ps(y + j), z = _mm512_loadu_ps(y + j + half);
+            const __m512 cj = _mm512_loadu_ps(c + j), sj = _mm512_loadu_ps(s + j);
+            _mm512_storeu_ps(y + j, _mm512_sub_ps(_mm512_mul_ps(a, cj), _mm512_mul_ps(z, sj)));
+            _mm512_storeu_ps(y + j + half, _mm512_add_ps(_mm512_mul_ps(z, cj), _mm512_mul_ps(a, sj)));
+        }
+    for (int d = 0; d < hd; d += 16) _mm256_storeu_si256((__m256i*)(dst + d), bf16x16(_mm512_loadu_ps(y + d)));
+#else
+    if (bias)
+        for (int d = 0; d < hd; d++) y[d] += f32(bias[d]);
+    for (int d = 0; d < hd; d++) y[d] = f32(to_bf16(y[d]));
+    if (rotate)
+        for (int j = 0; j < half; j++) {
+            const float a = y[j], z = y[j + half];
+            y[j] = a * c[j] - z * s[j];
+            y[j + half] = z * c[j] + a * s[j];
+        }
+    for (int d = 0; d < hd; d++) dst[d] = to_bf16(y[d]);
+#endif
+}
+
 // Per layer: 9 weight pointers, then 7 optional biases (null when absent).
 enum { IN_NORM, WQ, WK, WV, WO, POST_NORM, WG, WU, WD, BQ, BK, BV, BO, BG, BU, BD, PER_LAYER };
 
@@ -1063,27 +1117,11 @@ extern "C" int specdec_pass(const int64_t* cfg, float eps, const float* inv_freq
                 float* o = &buf[(size_t)u * hd];
                 dots(xq, w, 0, hd, o, ldq, &stream);
                 for (int m = 0; m < M; m++) {
-                    float* y = o + (size_t)m * ldq;
-                    if (b)
-                        for (int d = 0; d < hd; d++) y[d] += f32(b[boff + d]);
-                    // Round as the reference does (its projection outputs are bf16), then rotate.
-                    for (int d = 0; d < hd; d++) y[d] = f32(to_bf16(y[d]));
-                    if (u < H + Hkv) {
-                        const float* c = &rope_cos[(size_t)m * half];
-                        const float* s = &rope_sin[(size_t)m * half];
-                        for (int j = 0; j < half; j++) {
-                            float a = y[j], z = y[j + half];
-                            y[j] = a * c[j] - z * s[j];
-                            y[j + half] = z * c[j] + a * s[j];
-                        }
-                    }
-                    if (u < H) {
-                        for (int d = 0; d < hd; d++) qb[(size_t)m * Q + u * hd + d] = to_bf16(y[d]);
-                    } else {
-                        bf16* dst = (u < H + Hkv ? kc + (size_t)(u - H) * C * hd : vc + (size_t)(u - H - Hkv) * C * hd)
-                                    + seq[m] * seq_stride + (size_t)pos[m] * hd;
-                        for (int d = 0; d < hd; d++) dst[d] = to_bf16(y[d]);
-                    }
+                    bf16* dst = u < H ? &qb[(size_t)m * Q + u * hd]
+                                      : (u < H + Hkv ? kc + (size_t)(u - H) * C * hd : vc + (size_t)(u - H - Hkv) * C * hd)
+                                            + seq[m] * seq_stride + (size_t)pos[m] * hd;
+                    project_out(o + (size_t)m * ldq, b ? b + boff : nullptr, u < H + Hkv, &rope_cos[(size_t)m * half],
+                                &rope_sin[(size_t)m * half], hd, dst);
                 }
             }
 #pragma omp barrier
