@@ -380,7 +380,12 @@ def speculative_generate(model, draft, tokenizer, prompt, max_tokens: int, *, nu
     if isinstance(k, AdaptiveK):
         schedule = k
     elif k == "auto":
-        schedule = AdaptiveK()
+        # One row's blocks stay within the engine's tile of rows, if it has one: a block of one
+        # more costs a second round of products, which the schedule's line of verify costs
+        # does not see (on the AMX VM, capped at 15 the default made 1.74x and 1.76x plain
+        # decoding in two runs, against 1.70x and 1.72x at 16: scripts/probes/schedule_kmax.py).
+        tile = getattr(model, "pass_tile", None)
+        schedule = AdaptiveK(k_max=min(AdaptiveK.K_MAX, tile - 1) if tile and run.size == 1 else AdaptiveK.K_MAX)
     elif not isinstance(k, int) or isinstance(k, bool) or k < 1:
         raise ValueError(f"num_draft_tokens must be an integer >= 1, 'auto' or an AdaptiveK, got {k!r}")
     check_same_vocab(model, drafter, tokenizer)

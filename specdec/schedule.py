@@ -61,11 +61,12 @@ class SourceStats:
 
 
 class AdaptiveK:
+    K_MAX = 16  # the most drafts a step, by default
     PRIOR = 0.5  # p_1 before any observation
     PRIOR_WEIGHT = 2.0  # pseudo-observations behind the prior (p_{i-1} for p_i); they decay like real ones
     PROBE_COST = 0.1  # a probe's extra cost, in plain passes, up to which probe_every holds as it is
 
-    def __init__(self, k_max: int = 16, decay: float = 0.95, probe_every: int = 8, max_probe_every: int = 128):
+    def __init__(self, k_max: int = K_MAX, decay: float = 0.95, probe_every: int = 8, max_probe_every: int = 128):
         if k_max < 1:
             raise ValueError(f"k_max must be >= 1, got {k_max}")
         self.k_max, self.decay = k_max, decay

@@ -346,3 +346,26 @@ def test_auto_is_the_default_k():
     import inspect
 
     assert inspect.signature(speculative_generate).parameters["num_draft_tokens"].default == "auto"
+
+
+def test_auto_keeps_one_row_within_the_engines_tile_of_rows(models, reference, monkeypatch):
+    # An engine whose passes compute `pass_tile` rows at once (the AMX kernel: 16) gets a
+    # schedule that drafts at most pass_tile - 1 a step for one row; others the usual most.
+    import specdec.decoding
+
+    made = []
+
+    class Recorded(AdaptiveK):
+        def __init__(self, **kw):
+            super().__init__(**kw)
+            made.append(self.k_max)
+
+    monkeypatch.setattr(specdec.decoding, "AdaptiveK", Recorded)
+    target = models["target"]
+    tiled = target.fork()
+    tiled.__class__ = type("Tiled", (type(target),), {"pass_tile": 4})
+    for model in (target, tiled):
+        res = speculative_generate(model, NgramDrafter(), None, PROMPTS["random"], MAX_TOKENS)
+        assert res.token_ids == reference["random"]
+    speculative_generate(tiled, NgramDrafter(), None, [PROMPTS["random"]] * 2, MAX_TOKENS)  # a batch: the sum matters
+    assert made == [AdaptiveK.K_MAX, 3, AdaptiveK.K_MAX]

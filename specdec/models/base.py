@@ -23,6 +23,7 @@ import inspect
 
 import torch
 
+from . import kernel
 from .llama import Llama
 
 
@@ -42,6 +43,7 @@ class LanguageModel:
     tokenizer = None
     name: str = "model"
     batches = False  # implements reset_batch / forward_batch / rollback_batch
+    pass_tile = None  # rows a pass computes at once, where one more row costs another round (kernel.tile_rows)
 
     def __init__(self, *, vocab_size: int, max_context: int, eos_token_ids, dtype, device, tokenizer, name):
         self.vocab_size = vocab_size
@@ -97,6 +99,10 @@ class NativeLM(LanguageModel):
 
     def reset_state(self) -> None:
         self.cache = self.module.new_cache(0)
+
+    @property
+    def pass_tile(self) -> int | None:
+        return kernel.tile_rows() if kernel.supports(self.module) else None
 
     def restrict_head(self, token_ids) -> None:
         """Score only `token_ids` from now on (the rest get -inf): a cheaper output head for
