@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import json
 import math
-from collections import defaultdict
+from collections import Counter, defaultdict
 
 import pytest
 import torch
 
 from specdec.bench.runner import SCHEMA, BenchConfig, float32_check, run_benchmark, top2_margin
-from specdec.bench.stats import (break_even_alpha, expected_tokens_per_step, predicted_speedup, required_alpha,
-                                 summarize_ratios)
+from specdec.bench.stats import (balanced_orders, break_even_alpha, expected_tokens_per_step, interleaved_order,
+                                 predicted_speedup, required_alpha, summarize_ratios)
 from specdec.bench.suite import DEFAULT_SUITE, GROUNDED, load_suite
 from specdec.models.loading import load_model
 from tiny import needs_model, save_tiny
@@ -386,7 +386,7 @@ def check_under_ceiling(rep, kinds):
 
 
 @needs_model
-def test_run_benchmark_rotates_method_order(report):
+def test_run_benchmark_interleaves_methods_in_balanced_orders(report):
     orders = defaultdict(dict)
     for r in report["records"]:
         orders[r["prompt"]].setdefault(r["trial"], []).append(r["method"])
@@ -394,6 +394,25 @@ def test_run_benchmark_rotates_method_order(report):
         assert by_trial[0] != by_trial[1], (prompt, by_trial)
     # and prompts within a trial start with different methods
     assert orders["rag-lib"][0][0] != orders["qa-sky"][0][0]
+    # No method always runs right after the same one (a rotated order would keep each
+    # method's predecessor fixed); the rounds follow interleaved_order.
+    names = [m["name"] for m in report["methods"]]
+    before = defaultdict(set)
+    for i, prompt in enumerate(["rag-lib", "qa-sky"]):
+        for trial in (0, 1):
+            got = orders[prompt][trial]
+            assert got == interleaved_order(names, trial * 2 + i)
+            for a, b in zip(got, got[1:]):
+                before[b].add(a)
+    assert all(len(v) >= 2 for v in before.values()), before
+
+
+@pytest.mark.parametrize("n", range(1, 8))
+def test_balanced_orders_put_each_method_after_each_other_equally_often(n):
+    orders = balanced_orders(n)
+    assert all(sorted(o) == list(range(n)) for o in orders)
+    pairs = Counter((a, b) for o in orders for a, b in zip(o, o[1:]))
+    assert len(pairs) == n * (n - 1) and len(set(pairs.values())) <= 1
 
 
 @needs_model

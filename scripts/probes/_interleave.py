@@ -1,9 +1,13 @@
-"""The probes' shared timing loop: every method on every prompt, `trials` times, the order
-rotated per prompt and trial so that a noisy spell of the shared machine hits each alike."""
+"""The probes' shared timing loop: every method on every prompt, `trials` times, in the bench's
+balanced orders (`specdec.bench.stats.interleaved_order`; until this session's change, one
+order rotated, as docs/benchmark.md "Method" says), so that a noisy spell of the shared machine, and
+what one method leaves behind for the next, hits each alike."""
 from __future__ import annotations
 
 import time
 from collections import defaultdict
+
+from specdec.bench.stats import interleaved_order
 
 
 def interleaved(methods: dict, prompts, trials: int):
@@ -12,9 +16,7 @@ def interleaved(methods: dict, prompts, trials: int):
     times, outputs = defaultdict(list), defaultdict(list)
     for trial in range(trials):
         for i, p in enumerate(prompts):
-            names = list(methods)
-            shift = (trial + i) % len(names)
-            for name in names[shift:] + names[:shift]:
+            for name in interleaved_order(list(methods), trial * len(prompts) + i):
                 start = time.perf_counter()
                 out = methods[name](p.ids)
                 tokens = getattr(out, "token_ids", out)

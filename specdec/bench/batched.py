@@ -4,7 +4,7 @@
 The same prompts (a fixed shuffle of the suite, so that batches mix categories; cut to a
 multiple of the largest B) are split into batches of B for each B, and every method decodes
 every batch: plain `generate` and each speculative method, all through the batched API.
-Methods interleave per batch with a rotating order, as in the single-prompt trials.
+Methods interleave per batch in balanced orders, as in the single-prompt trials.
 
 Per (method, B):
 - throughput: new tokens of all rows / wall time of the batch call; its ratio to plain
@@ -32,7 +32,7 @@ from ..decoding import generate, speculative_generate
 from ..drafters import CompositeDrafter, ModelDrafter, NgramDrafter
 from ..models.base import Rows
 from .methods import _stats_dict, _sync
-from .stats import summarize_ratios
+from .stats import interleaved_order, summarize_ratios
 
 VERIFY_KS = (0, 1, 2, 4, 8)
 
@@ -131,8 +131,7 @@ def run_batch_study(cfg, prompts, target, draft_model, progress=True, log=print,
     for trial in range(cfg.trials):
         for b in cfg.batch_sizes:
             for gi, group in enumerate(split[b]):
-                shift = (trial + gi) % len(methods)
-                for m in methods[shift:] + methods[:shift]:
+                for m in interleaved_order(methods, trial * len(split[b]) + gi):
                     r = m.run([p.ids for p in group], cfg.max_tokens)
                     records.append({"method": m.name, "batch": b, "group": gi, "trial": trial,
                                     "prompts": [p.id for p in group]} | r)

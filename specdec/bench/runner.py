@@ -3,7 +3,8 @@
 Method: every method gets the same rendered prompts, max_tokens, target weights, dtype,
 thread count and stopping policy (the target's EOS ids). Model loading and the first
 (cold) call of each method are timed apart from the trials. Trials interleave methods
-with a rotating order, so slow drift of a shared machine hits all methods alike. Each
+in balanced orders (each method right after each other one equally often), so slow drift of a
+shared machine, and whatever one method leaves behind for the next, hits all methods alike. Each
 prompt's time per token is the median over trials; speedups are paired per prompt
 (baseline time per token / method time per token) and averaged geometrically, with a
 bootstrap CI.
@@ -31,7 +32,7 @@ from ..models.loading import (DEFAULT_MODEL, LLAMA_CPP_ONLY, default_engine, hf_
 from ..schedule import AdaptiveK
 from . import methods as M
 from .ceiling import ceilings
-from .stats import predicted_speedup, summarize_ratios
+from .stats import interleaved_order, predicted_speedup, summarize_ratios
 from .suite import load_suite, render
 
 SCHEMA = "specdec-bench/1"
@@ -388,8 +389,7 @@ def _run(cfg: BenchConfig, progress: bool, log) -> dict:
     bar = tqdm(total=cfg.trials * len(prompts) * len(methods), desc="bench", unit="run", disable=not progress)
     for trial in range(cfg.trials):
         for pi, p in enumerate(prompts):
-            shift = (trial + pi) % len(methods)
-            for m in methods[shift:] + methods[:shift]:
+            for m in interleaved_order(methods, trial * len(prompts) + pi):
                 r = m.run(p.ids, cfg.max_tokens)
                 records.append({"method": m.name, "prompt": p.id, "trial": trial, "seconds": r.seconds,
                                 "prefill_seconds": r.prefill_seconds, "tokens": r.token_ids, "stats": r.stats})

@@ -18,8 +18,8 @@ endpoint's timed requests (warm-up excluded): vLLM's `vllm:spec_decode_*` and ll
 
 Pitfalls handled: `cache_prompt: false` for llama-server, and each trial's prompts made
 distinct (a trial tag in front), so no prompt cache flatters a repeated run (`cached_tokens`
-is summed and reported); endpoints interleaved per prompt at concurrency 1 and in rotating
-order per level; a warm-up request per endpoint; timeouts and server errors kept per request;
+is summed and reported); endpoints interleaved per prompt at concurrency 1 and in a balanced
+order per level (specdec.bench.stats.interleaved_order); a warm-up request per endpoint; timeouts and server errors kept per request;
 a dead URL refused with a one-line error before anything runs. Every request opens its own
 connection (TTFT includes connecting), since servers close kept-alive ones at will.
 """
@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .stats import summarize_ratios
+from .stats import interleaved_order, summarize_ratios
 
 SPEC_COUNTERS = ("num_drafts_total", "num_draft_tokens_total", "num_accepted_tokens_total")
 METRIC_LINE = re.compile(r'^([a-zA-Z_:][\w:]*)(\{[^}]*\})?\s+(\S+)')
@@ -238,17 +238,15 @@ async def _run(endpoints, prompts, cfg, log, progress: bool) -> dict:
             for trial in range(cfg.trials):
                 tagged = [[{"role": "user", "content": (f"(request {trial}) " if trial else "") + p.turns[0]}]
                           for p in prompts]
-                if level == 1:  # interleaved per prompt, rotating order
+                if level == 1:  # interleaved per prompt, in balanced orders
                     for i, messages in enumerate(tagged):
-                        shift = (i + trial) % len(clients)
-                        for c in clients[shift:] + clients[:shift]:
+                        for c in interleaved_order(clients, trial * len(tagged) + i):
                             r = await c.complete(messages, **sp)
                             results[c.ep.name].append(r | {"prompt": prompts[i].id, "trial": trial})
                             walls[c.ep.name] += r["seconds"]
                             bar.update()
-                else:  # each endpoint under `level` requests in flight, in rotating order per trial
-                    shift = trial % len(clients)
-                    for c in clients[shift:] + clients[:shift]:
+                else:  # each endpoint under `level` requests in flight, in a balanced order per trial
+                    for c in interleaved_order(clients, trial):
                         gate = asyncio.Semaphore(level)
 
                         async def one(i, messages, c=c, gate=gate):
