@@ -71,9 +71,9 @@ def balanced_orders(n: int) -> list[list[int]]:
     """Orders of n methods in which each method comes right after each other one equally
     often (a Williams design: n orders for even n, 2n for odd). A rotation of one order would
     keep every method's predecessor fixed, and a predecessor can leave a cost behind: on the
-    AMX VM our plain decoding, always timed right after llama.cpp's generation, ran 6% slower
-    than in balanced orders (95.6 against 101.8 tokens a second), which raised every ratio
-    over it by about as much (docs/benchmark.md, "Method")."""
+    AMX VM our plain decoding, always timed right after llama.cpp's generation, ran 7% slower
+    than in balanced orders (91.9 against 98.8 tokens a second), which raised every ratio
+    over it by about 5% (docs/benchmark.md, "Method")."""
     if n < 1:
         return []
     first, lo, hi = [0], 1, n - 1
