@@ -1,7 +1,7 @@
 """The probes' shared timing loop: every method on every prompt, `trials` times, in the bench's
-balanced orders (`specdec.bench.stats.interleaved_order`; until this session's change, one
-order rotated, as docs/benchmark.md "Method" says), so that a noisy spell of the shared machine, and
-what one method leaves behind for the next, hits each alike."""
+balanced orders (`specdec.bench.stats.interleaved_order`; before commit 05bb456 one order,
+rotated: docs/benchmark.md "Method"), so that a noisy spell of the shared machine, and what
+one method leaves behind for the next, hits each alike."""
 from __future__ import annotations
 
 import time

@@ -306,7 +306,8 @@ def _md_batched(report: dict) -> list[str]:
     ks = list(next(iter(v["ratio"].values())))
     lines = ["## Batched requests", "", crossover_sentence(report), ""] + _table(BATCH_HEADER, _batch_rows(report))
     lines += [f"- {len(b['prompts'])} prompts (a fixed shuffle of the selection, so batches mix categories), "
-              "split into batches of each B; every method decodes every batch, in balanced orders (each method right after each other one equally often). "
+              "split into batches of each B; every method decodes every batch, in balanced orders (each method "
+              "right after each other one equally often). "
               "**throughput vs plain**: per batch, the method's tokens/s over plain batched `generate`'s on the "
               "same batch; geometric mean over batches, bootstrap 95% CI. **ms/token per request**: each row's "
               "time from the call's start to its last token, over its tokens. **drafts/row/step**: drafted "

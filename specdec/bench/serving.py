@@ -19,9 +19,10 @@ endpoint's timed requests (warm-up excluded): vLLM's `vllm:spec_decode_*` and ll
 Pitfalls handled: `cache_prompt: false` for llama-server, and each trial's prompts made
 distinct (a trial tag in front), so no prompt cache flatters a repeated run (`cached_tokens`
 is summed and reported); endpoints interleaved per prompt at concurrency 1 and in a balanced
-order per level (specdec.bench.stats.interleaved_order); a warm-up request per endpoint; timeouts and server errors kept per request;
-a dead URL refused with a one-line error before anything runs. Every request opens its own
-connection (TTFT includes connecting), since servers close kept-alive ones at will.
+order per level (`stats.interleaved_order`); a warm-up request per endpoint; timeouts and
+server errors kept per request; a dead URL refused with a one-line error before anything
+runs. Every request opens its own connection (TTFT includes connecting), since servers close
+kept-alive ones at will.
 """
 from __future__ import annotations
 

@@ -90,4 +90,3 @@ def interleaved_order(items: list, round_: int) -> list:
     """items in the balanced order for this round (rounds cycle through balanced_orders)."""
     orders = balanced_orders(len(items))
     return [items[i] for i in orders[round_ % len(orders)]] if items else []
-
