@@ -4,6 +4,8 @@ rotated: docs/benchmark.md "Method"), so that a noisy spell of the shared machin
 one method leaves behind for the next, hits each alike."""
 from __future__ import annotations
 
+import math
+import statistics
 import time
 from collections import defaultdict
 
@@ -23,3 +25,23 @@ def interleaved(methods: dict, prompts, trials: int):
                 times[name, p.id].append((time.perf_counter() - start) / max(len(tokens), 1))
                 outputs[name].append(out)
     return times, outputs
+
+
+def print_over_baseline(times, prompts, baseline: str, names: list[str], trials: int, title: str = "") -> None:
+    """Each method's speedup over `baseline` (per prompt, the medians of its trials), as a
+    geometric mean over the prompts, then by category."""
+    def geomean(xs):
+        return math.exp(statistics.fmean(map(math.log, xs)))
+
+    cats = defaultdict(list)
+    print(f"{title}over {baseline}, geometric mean over {len(prompts)} prompts (median of {trials} trials each)")
+    width = max(map(len, names))
+    for name in names:
+        ratios = [statistics.median(times[baseline, p.id]) / statistics.median(times[name, p.id]) for p in prompts]
+        for p, r in zip(prompts, ratios):
+            cats[name, p.category].append(r)
+        print(f"  {name:{width}s} {geomean(ratios):.3f}x")
+    print("by category: " + ", ".join(names))
+    for cat in sorted({p.category for p in prompts}):
+        print(f"  {cat:15s}" + "".join(f" {geomean(cats[name, cat]):6.2f}x" for name in names))
+

@@ -11,15 +11,13 @@ over plain decoding, paired per prompt, interleaved. Greedy, so every output is 
 from __future__ import annotations
 
 import argparse
-import math
-import statistics
 from collections import defaultdict
 
 import numpy as np
 import torch
 
 import specdec
-from _interleave import interleaved
+from _interleave import interleaved, print_over_baseline
 from specdec import CompositeDrafter, DatastoreDrafter, NgramDrafter, generate, speculative_generate
 from specdec.bench.ceiling import agreeing
 from specdec.bench.suite import load_suite, render
@@ -88,17 +86,7 @@ def main() -> None:
             ids, n)
     times, _ = interleaved(methods, prompts, args.trials)  # (method, prompt) -> seconds per token
     names = [m for m in methods if m != "plain"]
-    cats = defaultdict(list)
-    print(f"over plain decoding, geometric mean over {len(prompts)} prompts (median of {args.trials} trials each)")
-    for name in names:
-        ratios = [statistics.median(times["plain", p.id]) / statistics.median(times[name, p.id]) for p in prompts]
-        for p, r in zip(prompts, ratios):
-            cats[name, p.category].append(r)
-        print(f"  {name:26s} {math.exp(statistics.fmean(map(math.log, ratios))):.3f}x")
-    print("by category: " + ", ".join(names))
-    for cat in sorted({p.category for p in prompts}):
-        print(f"  {cat:15s}" + "".join(f" {math.exp(statistics.fmean(map(math.log, cats[name, cat]))):6.2f}x"
-                                       for name in names))
+    print_over_baseline(times, prompts, "plain", names, args.trials)
 
 
 if __name__ == "__main__":
