@@ -85,24 +85,15 @@ def grow_from_store(tree: Trie, store, found, budget: int) -> None:
         push(tree.add(parent, token), where)
 
 
-def chain(ids, store, k) -> Trie:
+def chains(ids, store, k, both: bool = False) -> Trie:
+    """Lookup's chain of up to k where the context matches, else the store's. both: each of
+    them, the paths two rows of a batch would verify side by side (a row per chain, each its
+    own sequence with the same prefix)."""
     tree = Trie()
     match = find_match(np.asarray(ids), 3, 1)
     if match:
         tree.add_path(ids[match[0]: match[0] + k])
-    elif found := store.match(ids):
-        tree.add_path(store.continuation(found, k))
-    return tree
-
-
-def two_chains(ids, store, k) -> Trie:
-    """Lookup's chain and the store's, each of up to k: the paths two rows of a batch would
-    verify side by side (a row per chain, each its own sequence with the same prefix)."""
-    tree = Trie()
-    match = find_match(np.asarray(ids), 3, 1)
-    if match:
-        tree.add_path(ids[match[0]: match[0] + k])
-    if found := store.match(ids):
+    if (both or not match) and (found := store.match(ids)):
         tree.add_path(store.continuation(found, k))
     return tree
 
@@ -128,9 +119,9 @@ def main() -> None:
     target = specdec.load_model("smollm2-135m-instruct")
     prompts = load_suite(HELDOUT)
     render(prompts, target, target.tokenizer)
-    rules = {f"chain, k = {k}": lambda ids, k=k: chain(ids, store, k) for k in (4, 8, 15)}
+    rules = {f"chain, k = {k}": lambda ids, k=k: chains(ids, store, k) for k in (4, 8, 15)}
     for k in (4, 7):
-        rules[f"two chains, k = {k}"] = lambda ids, k=k: two_chains(ids, store, k)
+        rules[f"two chains, k = {k}"] = lambda ids, k=k: chains(ids, store, k, both=True)
     for n in args.budgets:
         for lk in args.lookup_k:
             rules[f"tree, N = {n}, lookup {lk}"] = lambda ids, n=n, lk=lk: tree_of(ids, store, n, lk)
