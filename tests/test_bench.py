@@ -372,8 +372,15 @@ def test_run_benchmark_ngram_and_peers(report):
         assert ms[name]["family"] == "transformers"
         assert "acceptance_rate" not in ms[name]["overall"] and "prefill_ms_mean" not in ms[name]["overall"]
     assert {p["id"]: p["grounded"] for p in report["prompts"]} == {"rag-lib": True, "qa-sky": False}
-    assert report["ceilings"]["k_max"] == 16 and set(report["ceilings"]) == {"k_max", "lookup"}
+    assert report["ceilings"]["k_max"] == 16 and set(report["ceilings"]) == {"k_max", "lookup", "speedup"}
     check_under_ceiling(report, {"spec-ngram-k2": "lookup", "spec-ngram-k4": "lookup", "spec-ngram-kauto": "lookup"})
+    # The perfect schedule at the measured pass costs (one for every size up to k_max + 1 tokens):
+    # never slower than plain decoding, since a plain step is always among its choices.
+    assert sorted(map(int, report["costs"]["pass_cost"])) == list(range(1, 18))
+    assert report["costs"]["pass_cost"]["1"] == 1.0
+    sp = report["ceilings"]["speedup"]
+    assert sp["end_to_end"] is True and sp["lookup"]["overall"] >= 1.0
+    assert set(sp["lookup"]["categories"]) == set(ms["normal"]["categories"])
 
 
 def check_under_ceiling(rep, kinds):

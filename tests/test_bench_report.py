@@ -117,6 +117,22 @@ def test_write_report_writes_json_markdown_and_plots(tmp_path):
         assert f"![{name}]({name}.png)" in md
 
 
+def test_the_perfect_schedule_sits_beside_the_measured_auto_method(tmp_path):
+    report = make_report()
+    report["methods"][2]["name"] = "spec-ngram-kauto"  # the k = 4 method stands in for auto
+    report["ceilings"]["speedup"] = {"end_to_end": True,
+                                     "lookup": {"overall": 2.75, "categories": {"qa": 1.5, "summarization": 4.0}}}
+    R.write_report(report, tmp_path)
+    md = (tmp_path / "report.md").read_text()
+    table = md.split("### With a perfect schedule, at this engine's pass costs")[1].split("##")[0]
+    assert "| category | prompt lookup |" in table
+    assert "| qa | 1.50x (2.76x) |" in table and "| overall | 2.75x (2.30x) |" in table
+    assert "end to end" in table and "cannot see ahead" in table
+    del report["ceilings"]["speedup"]
+    R.write_report(report, tmp_path)
+    assert "perfect schedule" not in (tmp_path / "report.md").read_text()
+
+
 def test_no_ceilings_no_section(tmp_path):
     report = make_report()
     del report["ceilings"]  # sampled runs have none: the replay needs greedy outputs

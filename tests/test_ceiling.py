@@ -5,13 +5,15 @@ from __future__ import annotations
 import functools
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specdec import ModelDrafter, NgramDrafter, generate, load_model, speculative_generate
-from specdec.bench.ceiling import ceilings, draft_runs, fewest_passes, lookup_runs
+from specdec import (CompositeDrafter, Datastore, DatastoreDrafter, ModelDrafter, NgramDrafter, generate, load_model,
+                     speculative_generate)
+from specdec.bench.ceiling import ceilings, datastore_runs, draft_runs, fewest_passes, fewest_units, lookup_runs
 from tiny import save_tiny
 
 
@@ -38,6 +40,63 @@ def test_fewest_passes_by_hand():
     # Accepting everything at position 1 lands on a dead end (4, 5, ...); stopping at 2 reaches 8.
     runs = [0, 2, 5, 0, 0, 0, 0, 0, 0]
     assert passes_accepting_all(runs) == 6 and fewest_passes(runs) == 3
+
+
+def units_by_brute_force(runs: dict, cost: dict, draft_cost: dict) -> float:
+    n = len(next(iter(runs.values())))
+
+    @functools.cache
+    def least(t):
+        if t >= n:
+            return 0.0
+        return min([cost[1] + least(t + 1)] + [cost[j + 1] + j * draft_cost[s] + least(t + j + 1)
+                                               for s, r in runs.items() for j in range(1, r[t] + 1)])
+
+    return least(1)
+
+
+def units_accepting_all(runs: list[int], cost: dict) -> float:
+    """A schedule that drafts as far as the source is right (what the fewest passes do here)."""
+    t, units = 1, 0.0
+    while t < len(runs):
+        t, units = t + runs[t] + 1, units + cost[runs[t] + 1]
+    return units
+
+
+def test_fewest_units_by_hand():
+    flat = dict.fromkeys(range(1, 10), 1.0)
+    runs = [0, 2, 5, 0, 0, 0, 0, 0, 0]
+    # Flat pass costs and free drafts: the fewest passes are the fastest.
+    assert fewest_units({"a": runs}, flat, {"a": 0.0}) == fewest_passes(runs) == 3
+    # A 3-token pass at 2.5 one-token passes: two tokens for 2.5 loses to plain steps, so at
+    # position 1 the perfect schedule takes a plain step, then the 6-token pass (cost 3) at 2.
+    steep = {1: 1.0, 2: 1.5, 3: 2.5, 4: 2.6, 5: 2.7, 6: 3.0, 7: 3.1, 8: 3.2, 9: 3.3}
+    assert fewest_units({"a": runs}, steep, {"a": 0.0}) == pytest.approx(1 + 3 + 1)
+    assert units_accepting_all(runs, steep) == pytest.approx(2.5 + 5)  # 2 tokens, then 5 plain steps
+    # Nothing worth drafting: plain decoding, a one-token pass a token.
+    assert fewest_units({"a": [0, 1, 1, 1, 0]}, {1: 1.0, 2: 2.5}, {"a": 0.0}) == 4
+    # A draft's own cost counts: at 0.6 a token its 5-token run (cost 2.7 + 3.0) no longer beats
+    # six plain steps, where a free lookup with the same run does.
+    assert fewest_units({"d": [0, 5, 0, 0, 0, 0, 0]}, steep, {"d": 0.6}) == 6
+    assert fewest_units({"l": [0, 5, 0, 0, 0, 0, 0]}, steep, {"l": 0.0}) == pytest.approx(3.0)
+    # Two sources: the best of them at each step.
+    both = fewest_units({"l": [0, 0, 5, 0, 0, 0, 0, 0], "d": [0, 1, 0, 0, 0, 0, 0, 0]}, flat, {"l": 0.0, "d": 0.0})
+    assert both == 2
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(0, 5), min_size=1, max_size=30), st.lists(st.integers(0, 5), min_size=1, max_size=30),
+       st.lists(st.floats(0.0, 1.0), min_size=6, max_size=6), st.floats(0.0, 0.5))
+def test_fewest_units_is_the_minimum(a, b, steps, c):
+    n = min(len(a), len(b))
+    runs = {"a": [0] + a[1:n], "b": [0] + b[1:n]}
+    cost = {1: 1.0}
+    for j, step in enumerate(steps, start=2):  # non-decreasing pass costs
+        cost[j] = cost[j - 1] + step
+    draft_cost = {"a": 0.0, "b": c}
+    assert fewest_units(runs, cost, draft_cost) == pytest.approx(units_by_brute_force(runs, cost, draft_cost))
+    flat = dict.fromkeys(cost, 1.0)
+    assert fewest_units({"a": runs["a"]}, flat, {"a": 0.0}) == fewest_passes(runs["a"])
 
 
 @settings(max_examples=300, deadline=None)
@@ -83,6 +142,26 @@ def test_replay_is_what_speculative_decoding_accepts(tiny, prompt, k):
         assert fewest_passes(runs) <= passes_accepting_all(runs)
 
 
+def test_datastore_replay_is_what_speculative_decoding_accepts(tiny):
+    target, noisy = tiny
+    # A store of the target's own writing on other prompts (and a noisy model's), so that its
+    # proposals are right sometimes, not always.
+    writing = [generate(m, None, p, 30).token_ids for m in (target, noisy) for p in ([7, 7, 3], [2, 40, 12], [9, 9])]
+    store = Datastore(writing, target.vocab_size, "tiny")
+    hits = []
+    for prompt in PROMPTS:
+        output = generate(target, None, prompt, 40).token_ids
+        for k in (1, 4):
+            runs = datastore_runs(store, prompt, output, k)
+            spec = speculative_generate(target, CompositeDrafter(lookup=NgramDrafter(min_ngram=99, max_ngram=99),
+                                                                 datastore=DatastoreDrafter(store)),
+                                        None, prompt, 40, num_draft_tokens=k)
+            assert spec.token_ids == output
+            assert spec.stats.target_calls - 1 == passes_accepting_all(runs), (prompt, k)
+            hits += runs[1:]
+    assert 0 in hits and max(hits) >= 2
+
+
 def test_the_noisy_draft_is_right_only_sometimes(tiny):
     # so that the replay above is checked on partial acceptances, not only full or none
     target, noisy = tiny
@@ -111,3 +190,32 @@ def test_ceilings_pool_by_category(tiny):
         best = c["lookup_or_draft"]["categories"][where]
         assert best >= max(c["lookup"]["categories"][where], c["draft"]["categories"][where])
     assert set(ceilings(prompts, outputs, 8)) == {"k_max", "lookup"}
+
+
+def test_ceilings_with_a_datastore_and_pass_costs(tiny):
+    target, noisy = tiny
+    prompts = [SimpleNamespace(id=f"p{i}", category="a" if i < 2 else "b", ids=p) for i, p in enumerate(PROMPTS)]
+    outputs = {p.id: generate(target, None, p.ids, 30).token_ids for p in prompts}
+    store = Datastore([generate(noisy, None, p, 30).token_ids for p in ([7, 7, 3], [2, 40, 12])], target.vocab_size)
+    flat = dict.fromkeys(range(1, 10), 1.0)
+    c = ceilings(prompts, outputs, 8, ModelDrafter(noisy), store, flat, 0.0)
+    kinds = {"lookup", "datastore", "lookup_or_datastore", "draft", "lookup_or_draft", "all_three"}
+    assert set(c) == {"k_max", "speedup"} | kinds and set(c["speedup"]) == {"end_to_end"} | kinds
+    assert c["speedup"]["end_to_end"] is False
+    for kind in kinds:  # flat costs, free drafting, decode only: each prompt's tokens per pass at best
+        ratios = []
+        for p in prompts:
+            sources = {"lookup": lookup_runs, "datastore": lambda i, o, k: datastore_runs(store, i, o, k),
+                       "draft": lambda i, o, k: draft_runs(ModelDrafter(noisy), i, o, k)}
+            runs = [sources[s](p.ids, outputs[p.id], 8) for s in kind.replace("lookup_or_", "lookup,").replace(
+                "all_three", "lookup,datastore,draft").split(",")]
+            best = [max(r[t] for r in runs) for t in range(len(outputs[p.id]))]
+            ratios.append((len(outputs[p.id]) - 1) / fewest_passes(best))
+        assert c["speedup"][kind]["overall"] == pytest.approx(float(np.exp(np.mean(np.log(ratios))))), kind
+    assert c["all_three"]["overall"] >= max(c[k]["overall"] for k in kinds)
+    # End to end: the prefill, the same work for both, dilutes the decode speedup.
+    plain = {p.id: (1.0, 0.5) for p in prompts}
+    e2e = ceilings(prompts, outputs, 8, None, store, flat, 0.0, plain)["speedup"]
+    assert e2e["end_to_end"] is True
+    decode = c["speedup"]["lookup_or_datastore"]["categories"]["b"]  # one prompt in "b"
+    assert e2e["lookup_or_datastore"]["categories"]["b"] == pytest.approx(1 / (0.5 + 0.5 / decode))

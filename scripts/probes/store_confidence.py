@@ -6,7 +6,8 @@ drafter (prompt lookup + datastore) where, for each W, a first proposal with a s
 a source of its own for `auto` ("store{n}-weak"; W = 0 splits nothing: the shipped drafter),
 over plain decoding, paired per prompt, interleaved. Greedy, so every output is the same.
 
-    python3 scripts/probes/store_confidence.py [--trials 2] [--max-tokens 96] [--weak-below 0 0.4 0.6]
+    python3 scripts/probes/store_confidence.py [--engine native|llama.cpp] [--trials 2] [--max-tokens 96]
+        [--weak-below 0 0.4 0.6]
 """
 from __future__ import annotations
 
@@ -71,9 +72,10 @@ def main() -> None:
     ap.add_argument("--trials", type=int, default=2)
     ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument("--weak-below", type=float, nargs="+", default=[0.0, 0.4, 0.6])
+    ap.add_argument("--engine", default="native", choices=["native", "llama.cpp"])
     args = ap.parse_args()
     torch.set_num_threads(2)
-    target = specdec.load_model("smollm2-135m-instruct")
+    target = specdec.load_model("smollm2-135m-instruct", engine=args.engine)
     store = specdec.load_datastore("smollm2-135m-instruct")
     prompts = load_suite(HELDOUT)
     render(prompts, target, target.tokenizer)

@@ -13,11 +13,24 @@ of that drafter reaches with at most k_max drafts a step; and since no verificat
 costs less than a plain decoding step and drafting is taken as free, the same number
 bounds the decode speedup. Where the target paraphrases instead of copying, this says
 how little prompt lookup can give before anything is timed.
+
+Fewest passes is not fastest where a block costs more than a one-token pass (llama.cpp's bf16
+blocks on a CPU: 2 tokens at 1.3-1.8x). So, given the engine's measured cost of a pass over n
+tokens, `fewest_units` finds the fastest way through the same runs: a perfect schedule, which
+knows how many of each source's proposals the target will accept, drafts exactly those from
+the best source (or takes a plain step) and pays the pass and the draft's own cost. Its speedup
+over plain decoding bounds what any schedule of those drafters reaches on that engine (drafting
+a lookup counted free, the loop too): the measured speedup beside it says how much of the
+drafters' worth the schedule, which cannot see ahead, takes.
 """
 from __future__ import annotations
 
 import torch
 
+import math
+import statistics
+
+from ..datastore import Datastore
 from ..drafters import ModelDrafter, NgramDrafter
 from ..sampling import SamplingParams
 
@@ -45,6 +58,16 @@ def lookup_runs(prompt_ids: list[int], output: list[int], k_max: int,
     for t in range(1, len(output)):
         proposal, _ = lookup.propose(seq[: len(prompt_ids) + t], k_max, GREEDY, None)
         runs.append(agreeing(proposal, output[t:]))
+    return runs
+
+
+def datastore_runs(store: Datastore, prompt_ids: list[int], output: list[int], k_max: int) -> list[int]:
+    """runs[t] for a datastore's proposals (deterministic, like prompt lookup's)."""
+    seq = list(prompt_ids) + list(output)
+    runs = [0]
+    for t in range(1, len(output)):
+        found = store.match(seq[: len(prompt_ids) + t])
+        runs.append(agreeing(store.continuation(found, k_max), output[t:]) if found else 0)
     return runs
 
 
@@ -88,23 +111,76 @@ def fewest_passes(runs: list[int]) -> int:
     return passes
 
 
-def ceilings(prompts, outputs: dict[str, list[int]], k_max: int, drafter: ModelDrafter | None = None) -> dict:
-    """Tokens per verification pass at best, for prompt lookup, for the draft model (if any)
-    and for the better of the two at each step (what a composite drafter could reach), pooled
-    over the prompts of each category and overall as (tokens after the first) / passes."""
-    kinds = ["lookup"] + (["draft", "lookup_or_draft"] if drafter is not None else [])
+def fewest_units(runs: dict[str, list[int]], pass_cost: dict[int, float], draft_cost: dict[str, float]) -> float:
+    """The least time, in one-token passes, to generate output[1:] when a step at position t
+    may accept up to runs[s][t] drafts of source s: j drafts cost pass_cost[j + 1] (a pass over
+    j + 1 tokens, in one-token passes; pass_cost[1] == 1) plus j * draft_cost[s], and move to
+    t + j + 1. Plain decoding costs len(output) - 1."""
+    n = len(next(iter(runs.values())))
+    best = [0.0] * (n + 1)  # best[t]: from position t to the end
+    for t in range(n - 1, 0, -1):
+        best[t] = pass_cost[1] + best[t + 1]
+        for s, r in runs.items():
+            for j in range(1, r[t] + 1):
+                best[t] = min(best[t], pass_cost[j + 1] + j * draft_cost[s] + best[min(t + j + 1, n)])
+    return best[1] if n > 1 else 0.0
+
+
+# Each kind: the sources a composite of them could draft from at a step.
+KINDS = {"lookup": ("lookup",), "datastore": ("datastore",), "lookup_or_datastore": ("lookup", "datastore"),
+         "draft": ("draft",), "lookup_or_draft": ("lookup", "draft"),
+         "all_three": ("lookup", "datastore", "draft")}
+
+
+def ceilings(prompts, outputs: dict[str, list[int]], k_max: int, drafter: ModelDrafter | None = None,
+             store: Datastore | None = None, pass_cost: dict[int, float] | None = None, draft_c: float = 0.0,
+             plain: dict[str, tuple[float, float]] | None = None) -> dict:
+    """Tokens per verification pass at best, for prompt lookup, the datastore and the draft
+    model (each if given), and for the best of them at each step (what a composite of them
+    could reach), pooled over the prompts of each category and overall as (tokens after the
+    first) / passes.
+
+    With `pass_cost` ({n: a pass over n tokens in one-token passes}, n up to k_max + 1) and
+    `draft_c` (a draft token's cost in one-token passes), also "speedup": per kind, the perfect
+    schedule's speedup over plain decoding (`fewest_units`), per prompt and pooled as geometric
+    means: end to end where `plain` gives each prompt's (seconds, prefill seconds) of plain
+    decoding (the prefill is the same work for both), else decode only."""
+    kinds = [k for k, sources in KINDS.items() if all(
+        s == "lookup" or (s == "datastore" and store is not None) or (s == "draft" and drafter is not None)
+        for s in sources)]
     cats = sorted({p.category for p in prompts})
     tokens = {c: 0 for c in cats + ["overall"]}
     passes = {kind: dict.fromkeys(tokens, 0) for kind in kinds}
+    ratios = {kind: {c: [] for c in tokens} for kind in kinds}
+    cost = {"lookup": 0.0, "datastore": 0.0, "draft": draft_c}
     for p in prompts:
         out = outputs[p.id]
         runs = {"lookup": lookup_runs(p.ids, out, k_max)}
+        if store is not None:
+            runs["datastore"] = datastore_runs(store, p.ids, out, k_max)
         if drafter is not None:
             runs["draft"] = draft_runs(drafter, p.ids, out, k_max)
-            runs["lookup_or_draft"] = [max(a, b) for a, b in zip(runs["lookup"], runs["draft"])]
+        for kind in kinds:
+            sources = {s: runs[s] for s in KINDS[kind]}
+            best = [max(r[t] for r in sources.values()) for t in range(len(out))]
+            if pass_cost and len(out) > 1:
+                decode = (len(out) - 1) / fewest_units(sources, pass_cost, cost)
+                seconds, prefill = plain[p.id] if plain else (1.0, 0.0)
+                ratio = seconds / (prefill + (seconds - prefill) / decode)
+            for where in (p.category, "overall"):
+                passes[kind][where] += fewest_passes(best)
+                if pass_cost and len(out) > 1:
+                    ratios[kind][where].append(ratio)
         for where in (p.category, "overall"):
             tokens[where] += max(len(out) - 1, 0)
-            for kind in kinds:
-                passes[kind][where] += fewest_passes(runs[kind])
-    table = {kind: {where: tokens[where] / n if n else None for where, n in passes[kind].items()} for kind in kinds}
-    return {"k_max": k_max, **{kind: {"overall": v.pop("overall"), "categories": v} for kind, v in table.items()}}
+
+    def pooled(values: dict) -> dict:
+        return {"overall": values.pop("overall"), "categories": values}
+
+    report = {"k_max": k_max, **{kind: pooled({where: tokens[where] / n if n else None
+                                               for where, n in passes[kind].items()}) for kind in kinds}}
+    if pass_cost:
+        report["speedup"] = {"end_to_end": plain is not None, **{kind: pooled({
+            where: math.exp(statistics.fmean(map(math.log, r))) if r else None for where, r in ratios[kind].items()})
+            for kind in kinds}}
+    return report

@@ -186,7 +186,12 @@ def _md_tables(report: dict) -> list[str]:
            for m in spec if m.get("drafter") not in drafts])
 
 
-CEILING_KINDS = (("lookup", "prompt lookup"), ("draft", "draft model"), ("lookup_or_draft", "lookup or draft"))
+CEILING_KINDS = (("lookup", "prompt lookup"), ("datastore", "datastore"),
+                 ("lookup_or_datastore", "lookup or datastore"), ("draft", "draft model"),
+                 ("lookup_or_draft", "lookup or draft"), ("all_three", "all three"))
+# The `auto` method that drafts from each kind's sources, whose measured speedup sits beside its ceiling.
+CEILING_METHODS = {"lookup": "spec-ngram-kauto", "lookup_or_datastore": "spec-store-kauto",
+                   "draft": "spec-draft-kauto", "all_three": "spec-composite-kauto"}
 
 
 def _md_ceilings(report: dict) -> list[str]:
@@ -209,9 +214,36 @@ def _md_ceilings(report: dict) -> list[str]:
         "pass: each drafter replayed against the baseline's greedy output, which is also speculative "
         "decoding's output, with the fewest passes any schedule could make and drafting counted free. "
         "A verification pass never costs less than a plain decoding step, so this also bounds the drafter's "
-        "decode speedup. **lookup or draft**: the better of the two at each pass (a composite drafter at "
-        "best). **measured best**: tokens per verification pass of our best method here (in half precision "
-        "a method whose output parts from the baseline's at a tie can exceed the replay).", ""]
+        "decode speedup. **lookup or datastore** (the default's sources), **lookup or draft**, **all three**: "
+        "the best of them at each pass (a composite drafter at best). **measured best**: tokens per "
+        "verification pass of our best method here (in half precision a method whose output parts from the "
+        "baseline's at a tie can exceed the replay).", ""] + _md_speedup_ceilings(report, kinds)
+
+
+def _md_speedup_ceilings(report: dict, kinds: list[tuple[str, str]]) -> list[str]:
+    """The perfect schedule's speedup at the engine's measured pass costs, beside the measured one."""
+    sp = _get(report, "ceilings", "speedup")
+    if not sp:
+        return []
+    measured = {m["name"]: m for m in _spec_methods(report)}
+    method_of = dict(CEILING_METHODS)
+    if "all_three" not in sp:  # no datastore: the composite is lookup + draft
+        method_of["lookup_or_draft"] = CEILING_METHODS["all_three"]
+    cols = [(key, label, measured.get(method_of.get(key))) for key, label in kinds]
+    rows = []
+    for where in sorted(_get(sp, "lookup", "categories") or {}) + ["overall"]:
+        path = ("overall",) if where == "overall" else ("categories", where)
+        rows.append([where] + [_fmt(_get(sp, key, *path), ".2f", "x") + (
+            f" ({_fmt(_get(m, *path, 'speedup', 'geomean'), '.2f', 'x')})" if m else "") for key, _, m in cols])
+    kind = "end to end" if sp.get("end_to_end") else "decode only"
+    return ["### With a perfect schedule, at this engine's pass costs", ""] + _table(
+        ["category"] + [label for _, label, _ in cols], rows) + [
+        f"Speedup over plain decoding ({kind}, geometric mean of per-prompt ratios) of a schedule that knows "
+        "how many of each source's proposals the target will accept: it drafts exactly those from the best "
+        "source, or takes a plain step, paying this engine's measured pass over n tokens (`costs.pass_cost`) "
+        "and the draft's cost c a token. No schedule of these drafters does better, up to timing noise. In "
+        "brackets: the measured speedup of the `auto` method drafting from the same sources; the gap is what "
+        "a schedule that cannot see ahead leaves.", ""]
 
 
 def _md_composite_vs_sources(report: dict) -> list[str]:

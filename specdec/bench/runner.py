@@ -190,12 +190,14 @@ def forward_ms(model, sizes, context: int = 256, rounds: int = 5, reps: int = 3)
     return {n: statistics.median(t) * 1000 for n, t in times.items()}
 
 
-def measure_costs(target, drafts: dict, ks) -> dict:
-    """Cost ratio c per draft model and the target's verify cost for k+1 tokens vs 1."""
+def measure_costs(target, drafts: dict, ks, k_max: int) -> dict:
+    """Cost ratio c per draft model; the target's pass over n tokens vs 1 token for every n up
+    to k_max + 1 (what the ceilings' perfect schedule pays), and its verify cost for k+1 tokens."""
     ks = sorted({*ks, *VERIFY_KS})
-    ms = forward_ms(target, [1] + [k + 1 for k in ks])
+    ms = forward_ms(target, range(1, max(k_max, *ks) + 2))
     t1 = ms[1]
-    out = {"target_forward_ms": t1, "verify_cost": {str(k): ms[k + 1] / t1 for k in ks}, "drafts": {}}
+    out = {"target_forward_ms": t1, "pass_cost": {str(n): ms[n] / t1 for n in sorted(ms)},
+           "verify_cost": {str(k): ms[k + 1] / t1 for k in ks}, "drafts": {}}
     for name, model in drafts.items():
         d1 = forward_ms(model, [1])[1]
         out["drafts"][name] = {"forward_ms": d1, "c": d1 / t1}
@@ -377,8 +379,9 @@ def _run(cfg: BenchConfig, progress: bool, log) -> dict:
     methods = build_methods(cfg, target, draft_model, hf, hf_draft, llama_gguf,
                             n_ctx=max(len(p.ids) for p in prompts) + cfg.max_tokens + 64, store=store)
     # The draft as it drafts: through ModelDrafter, with the head its checkpoint lists (if any).
+    k_max = max([AdaptiveK().k_max, *cfg.fixed_ks])
     costs = measure_costs(target, {"draft": ModelDrafter(draft_model).model} if draft_model is not None else {},
-                          cfg.fixed_ks)
+                          cfg.fixed_ks, k_max)
 
     # Cold latency: each method's first call, on the first prompt, outside the trials.
     cold = {}
@@ -402,7 +405,10 @@ def _run(cfg: BenchConfig, progress: bool, log) -> dict:
         replayed = ModelDrafter(draft_model) if draft_model is not None else None
         if replayed is not None and needs_bridge(target, replayed, target.tokenizer):
             replayed = None
-        report["ceilings"] = ceilings(prompts, outputs, max([AdaptiveK().k_max, *cfg.fixed_ks]), replayed)
+        plain = {i: (r["seconds"], r["prefill"] or 0.0) for i, r in _per_prompt(records, "normal", prompts).items()}
+        report["ceilings"] = ceilings(prompts, outputs, k_max, replayed, store,
+                                      {int(n): v for n, v in costs["pass_cost"].items()},
+                                      costs["drafts"].get("draft", {}).get("c", 0.0), plain)
     report.update(schema=SCHEMA, environment=environment(cfg, dtype), config=asdict(cfg), load_seconds=load_s)
     return report
 
