@@ -27,12 +27,10 @@ from __future__ import annotations
 
 import torch
 
-import math
-import statistics
-
 from ..datastore import Datastore
 from ..drafters import ModelDrafter, NgramDrafter
 from ..sampling import SamplingParams
+from .stats import geomean
 
 GREEDY = SamplingParams(temperature=0.0)
 
@@ -163,13 +161,14 @@ def ceilings(prompts, outputs: dict[str, list[int]], k_max: int, drafter: ModelD
         for kind in kinds:
             sources = {s: runs[s] for s in KINDS[kind]}
             best = [max(r[t] for r in sources.values()) for t in range(len(out))]
+            ratio = None
             if pass_cost and len(out) > 1:
                 decode = (len(out) - 1) / fewest_units(sources, pass_cost, cost)
                 seconds, prefill = plain[p.id] if plain else (1.0, 0.0)
                 ratio = seconds / (prefill + (seconds - prefill) / decode)
             for where in (p.category, "overall"):
                 passes[kind][where] += fewest_passes(best)
-                if pass_cost and len(out) > 1:
+                if ratio is not None:
                     ratios[kind][where].append(ratio)
         for where in (p.category, "overall"):
             tokens[where] += max(len(out) - 1, 0)
@@ -181,6 +180,6 @@ def ceilings(prompts, outputs: dict[str, list[int]], k_max: int, drafter: ModelD
                                                for where, n in passes[kind].items()}) for kind in kinds}}
     if pass_cost:
         report["speedup"] = {"end_to_end": plain is not None, **{kind: pooled({
-            where: math.exp(statistics.fmean(map(math.log, r))) if r else None for where, r in ratios[kind].items()})
+            where: geomean(r) if r else None for where, r in ratios[kind].items()})
             for kind in kinds}}
     return report
