@@ -1,0 +1,186 @@
+"""How much of the perfect schedule does `auto` take, and would another schedule take more?
+A replay of the default drafter (prompt lookup + the shipped datastore) against the target's
+greedy output, with no target passes: at each position the sources the drafter offers (their
+names, as `auto` keys its statistics) and how many of each one's proposals the target accepts
+are known, so a schedule's choices can be played out and charged the pass costs a bench run
+measured on its engine (`costs.pass_cost` of REPORT, its plain decoding's time and prefill per
+prompt for the end-to-end figures, as its "With a perfect schedule" table). Seconds, not a bench:
+a schedule change can be tried on either engine's costs before it is timed.
+
+    python3 scripts/probes/schedule_replay.py bench-runs/oracle-native/report.json [--k-max 15]
+
+The target's output is the native engine's (on llama.cpp it parts from it at ties only).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from collections import Counter, defaultdict
+
+import numpy as np
+import torch
+
+import specdec
+from specdec import CompositeDrafter, NgramDrafter
+from specdec.bench.ceiling import agreeing, fewest_units
+from specdec.bench.stats import geomean
+from specdec.bench.suite import load_suite, render
+from specdec.sampling import SamplingParams
+from specdec.schedule import AdaptiveK, SourceStats
+
+GREEDY = SamplingParams(temperature=0.0)
+
+
+def offers(drafter, prompt_ids, output, k_max):
+    """Per position t >= 1: [(source name, proposal length, accepted)] in the drafter's order."""
+    drafter.begin(len(prompt_ids) + len(output))
+    seq = list(prompt_ids) + list(output)
+    steps = [[]]
+    for t in range(1, len(output)):
+        ids = seq[: len(prompt_ids) + t]
+        here = []
+        for name in drafter.sources(ids):
+            proposal, _ = drafter.propose_rows({0: (ids, k_max, name)}, GREEDY, {0: None}).get(0, ([], None))
+            here.append((name, len(proposal), agreeing(proposal, output[t:])))
+        steps.append(here)
+    return steps
+
+
+def play(schedule: AdaptiveK, steps, cost, t1: float, kinds: Counter | None = None) -> float:
+    """One call's time in one-token passes when `schedule` chooses, learning as it goes; `kinds`
+    (if given) sums each kind of step's count, extra cost over a plain step and tokens left on
+    the table (what the best offered source would have had accepted beyond what was)."""
+    n, t, units = len(steps), 1, 0.0
+    while t < n:
+        offered = {name: (length, acc) for name, length, acc in steps[t]}
+        source, k = schedule.choose(tuple(offered))
+        k = min(k, n - t - 1)  # drafts past the end could never be kept
+        drafted, accepted = (min(k, offered[source][0]), min(k, offered[source][1])) if k and source else (0, 0)
+        units += cost[drafted + 1]
+        if kinds is not None:
+            best = max((min(acc, schedule.k_max, n - t - 1) for _, acc in offered.values()), default=0)
+            kind = ("plain, nothing right" if not drafted and not best else "plain, a source right" if not drafted
+                    else "drafted, none accepted" if not accepted else "drafted, all accepted, more right"
+                    if accepted == drafted and offered[source][1] > accepted else "drafted, another source better"
+                    if best > accepted else "drafted, the best here")
+            kinds[kind, "steps"] += 1
+            kinds[kind, "extra"] += cost[drafted + 1] - 1
+            kinds[kind, "left"] += best - accepted
+        schedule.update(drafted, accepted, 0.0, cost[drafted + 1] * t1, source)
+        t += accepted + 1
+    return units
+
+
+class FirstTry(AdaptiveK):
+    """auto, but a source's first try drafts K0 tokens instead of 2."""
+    K0 = 4
+
+    def choose_batch(self, rows):
+        return [(src, min(self.K0, self.k_max)) if src and k and self.sources[src].t_draft is None else (src, k)
+                for src, k in super().choose_batch(rows)]
+
+
+class FamilyPrior(AdaptiveK):
+    """auto, but a new source (a match length not seen yet) starts from its nearest measured
+    sibling's per-position acceptance (2 pseudo-observations each) and draft cost."""
+
+    def _source(self, name):
+        if name not in self.sources:
+            family = name.rstrip("0123456789")
+            length = lambda n: int(n[len(family):] or 0)  # noqa: E731
+            siblings = [n for n, s in self.sources.items()
+                        if n.rstrip("0123456789") == family and s.t_draft is not None and s.tries]
+            s = self.sources[name] = SourceStats(probe_every=self.probe_every)
+            if siblings:
+                sibling = min(siblings, key=lambda n: (abs(length(n) - length(name)), length(n)))
+                p = self.acceptance(sibling)
+                s.hits, s.tries, s.prior = [x * self.PRIOR_WEIGHT for x in p], [self.PRIOR_WEIGHT] * len(p), [0.0] * len(p)
+                s.t_draft = self.sources[sibling].t_draft
+        return self.sources[name]
+
+
+def carried(previous: AdaptiveK | None, k_max: int, costs_only: bool) -> AdaptiveK:
+    """A fresh schedule that starts from what `previous` (the last call's) measured: its verify
+    costs and draft costs, and unless costs_only its acceptance too."""
+    s = AdaptiveK(k_max)
+    if previous is not None:
+        s.verify_n, s.verify_s = dict(previous.verify_n), dict(previous.verify_s)
+        for name, old in previous.sources.items():
+            new = s._source(name)
+            new.t_draft = old.t_draft
+            if not costs_only:
+                new.hits, new.tries, new.prior = list(old.hits), list(old.tries), list(old.prior)
+    return s
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("report")
+    ap.add_argument("--k-max", type=int, default=16, help="auto's most drafts a step (15 on the AMX kernel)")
+    args = ap.parse_args()
+    torch.set_num_threads(2)
+    report = json.loads(open(args.report).read())
+    cost = {int(n): v for n, v in report["costs"]["pass_cost"].items()}
+    t1 = report["costs"]["target_forward_ms"] / 1e3
+    plain = defaultdict(list)
+    for r in report["records"]:
+        if r["method"] == "normal":
+            plain[r["prompt"]].append((r["seconds"], r["prefill_seconds"]))
+    plain = {p: (float(np.median([s for s, _ in v])), float(np.median([f for _, f in v]))) for p, v in plain.items()}
+    target = specdec.load_model("smollm2-135m-instruct")
+    store = specdec.load_datastore("smollm2-135m-instruct")
+    prompts = load_suite(report["config"]["prompts"])
+    render(prompts, target, target.tokenizer)
+    calls = []
+    for p in prompts:
+        out = specdec.generate(target, None, p.ids, report["config"]["max_tokens"]).token_ids
+        calls.append((p, offers(CompositeDrafter(lookup=NgramDrafter(), datastore=store), p.ids, out, args.k_max)))
+
+    def perfect(steps):
+        runs = defaultdict(lambda: [0] * len(steps))
+        for t, here in enumerate(steps):
+            for name, _, acc in here:
+                family = name.rstrip("0123456789")
+                runs[family][t] = max(runs[family][t], min(acc, args.k_max))
+        return fewest_units(dict(runs) or {"none": [0] * len(steps)}, cost, defaultdict(float))
+
+    last = {}  # the carried schedules' previous call
+
+    def chained(key, costs_only):
+        def run(steps):
+            last[key] = carried(last.get(key), args.k_max, costs_only)
+            return play(last[key], steps, cost, t1)
+        return run
+
+    kinds = Counter()
+    schedules = {
+        "auto (fresh each call, shipped)": lambda steps: play(AdaptiveK(args.k_max), steps, cost, t1, kinds),
+        "auto, its costs carried": chained("costs", True),
+        "auto, everything carried": chained("all", False),
+        "auto, first tries at k = 4": lambda steps: play(FirstTry(args.k_max), steps, cost, t1),
+        "auto, a sibling's prior": lambda steps: play(FamilyPrior(args.k_max), steps, cost, t1),
+        "perfect": perfect,
+    }
+    ratios = defaultdict(list)
+    for p, steps in calls:  # in the suite's order: what a carried schedule learned comes from earlier prompts
+        seconds, prefill = plain[p.id]
+        for name, units_of in schedules.items():
+            r = (len(steps) - 1) / units_of(steps)
+            ratio = seconds / (prefill + (seconds - prefill) / r)
+            ratios[name, p.category].append(ratio)
+            ratios[name, "all"].append(ratio)
+    cats = sorted({p.category for p in prompts}) + ["all"]
+    print(f"replayed over plain decoding, end to end, at the pass costs of {args.report} "
+          f"(a 2 / 5 / 9-token pass {cost[2]:.2f} / {cost[5]:.2f} / {cost[9]:.2f}):")
+    print(f"  {'':32s}" + "".join(f"{c[:10]:>11s}" for c in cats))
+    for name in schedules:
+        print(f"  {name:32s}" + "".join(f"{geomean(ratios[name, c]):10.2f}x" for c in cats))
+    print("the shipped schedule's steps, by kind (extra cost over plain steps, in one-token passes; tokens "
+          "the best offered source had right beyond those accepted):")
+    for kind in sorted({k for k, _ in kinds}):
+        print(f"  {kind:34s} {kinds[kind, 'steps']:5.0f} steps, extra cost {kinds[kind, 'extra']:6.1f}, "
+              f"left {kinds[kind, 'left']:4.0f} tokens")
+
+
+if __name__ == "__main__":
+    main()
