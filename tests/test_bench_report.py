@@ -3,6 +3,7 @@ report.json is strict JSON, report.md has its tables and verdicts, the plots are
 plot without data is skipped with a note, and the summary prints in a non-TTY. No model runs."""
 from __future__ import annotations
 
+import io
 import json
 import math
 import sys
@@ -128,6 +129,11 @@ def test_the_perfect_schedule_sits_beside_the_measured_auto_method(tmp_path):
     assert "| category | prompt lookup |" in table
     assert "| qa | 1.50x (2.76x) |" in table and "| overall | 2.75x (2.30x) |" in table
     assert "end to end" in table and "cannot see ahead" in table
+    R.print_summary(report, file=(out := io.StringIO()))
+    lines = out.getvalue().splitlines()
+    assert "perfect schedule" in lines[0]
+    assert next(line for line in lines if "spec-ngram-kauto" in line).rstrip().endswith("2.75x")
+    assert next(line for line in lines if line.strip().startswith("normal")).rstrip().endswith("–")
     del report["ceilings"]["speedup"]
     R.write_report(report, tmp_path)
     assert "perfect schedule" not in (tmp_path / "report.md").read_text()

@@ -220,15 +220,21 @@ def _md_ceilings(report: dict) -> list[str]:
         "baseline's at a tie can exceed the replay).", ""] + _md_speedup_ceilings(report, kinds)
 
 
+def _ceiling_methods(speedup: dict) -> dict[str, str]:
+    """Ceiling kind -> the `auto` method drafting from its sources."""
+    method_of = dict(CEILING_METHODS)
+    if "all_three" not in speedup:  # no datastore: the composite is lookup + draft
+        method_of["lookup_or_draft"] = CEILING_METHODS["all_three"]
+    return method_of
+
+
 def _md_speedup_ceilings(report: dict, kinds: list[tuple[str, str]]) -> list[str]:
     """The perfect schedule's speedup at the engine's measured pass costs, beside the measured one."""
     sp = _get(report, "ceilings", "speedup")
     if not sp:
         return []
     measured = {m["name"]: m for m in _spec_methods(report)}
-    method_of = dict(CEILING_METHODS)
-    if "all_three" not in sp:  # no datastore: the composite is lookup + draft
-        method_of["lookup_or_draft"] = CEILING_METHODS["all_three"]
+    method_of = _ceiling_methods(sp)
     cols = [(key, label, measured.get(method_of.get(key))) for key, label in kinds]
     rows = []
     for where in sorted(_get(sp, "lookup", "categories") or {}) + ["overall"]:
@@ -621,13 +627,16 @@ def print_summary(report: dict, file=None) -> None:
         return
     methods = report.get("methods", [])
     vs = any(_get(m, "overall", "vs_llama_cpp") for m in methods)  # llama.cpp's own decoding ran
+    sp = _get(report, "ceilings", "speedup") or {}
+    perfect = {name: _get(sp, kind, "overall") for kind, name in _ceiling_methods(sp).items() if kind in sp}
     header = ["method", "speedup [95% CI]"] + ["vs llama.cpp"] * vs + ["tok/s", "acceptance", "tokens/call",
-                                                                       "predicted"]
+                                                                       "predicted"] + ["perfect schedule"] * bool(sp)
     rows = [[m["name"], _speedup(_get(m, "overall", "speedup"))]
             + [_fmt(_get(m, "overall", "vs_llama_cpp", "geomean"), ".2f", "x")] * vs
             + [_fmt(_get(m, "overall", "tokens_per_s"), ".1f"), _fmt(_get(m, "overall", "acceptance_rate"), ".3f"),
                _fmt(_get(m, "overall", "tokens_per_target_call")),
-               _fmt(_get(m, "overall", "predicted_speedup"), ".2f", "x")] for m in methods]
+               _fmt(_get(m, "overall", "predicted_speedup"), ".2f", "x")]
+            + [_fmt(perfect.get(m["name"]), ".2f", "x")] * bool(sp) for m in methods]
     _print_table(header, rows, report, file)
 
 
