@@ -1,8 +1,8 @@
 """What a native pass costs outside the kernel's C call: the Python from `model.forward` to the
 call and back (the tensors it builds, the checks, the plan's fingerprint, the module's call).
 Timed around the real call, on passes after 300 cached (the 270 MB the kernel streams leave
-Python's own data cold), and again with the call replaced by one that does nothing (warm).
-Medians.
+Python's own data cold), and again with the call replaced by one that does nothing (warm);
+then `kernel.run` called directly, without the layers above it. Medians.
 
     python3 scripts/probes/pass_overhead.py [--passes 300] [--tokens 1]
 """
@@ -64,6 +64,17 @@ def main() -> None:
         label = "the call skipped (warm)" if skip else "after real passes (cold)"
         print(f"{args.tokens}-token pass, {label}: {statistics.median(before) * 1e6:.0f} us before the C call, "
               f"{statistics.median(after) * 1e6:.0f} us after it; the call {statistics.median(call) * 1e3:.2f} ms")
+    timed, before, after = Timed(lib, skip=False), [], []
+    tokens = torch.tensor(block)
+    with torch.inference_mode():
+        for _ in range(args.passes):  # the cache's length stays at 300: each pass overwrites the same rows
+            start = time.perf_counter()
+            kernel.run(timed, model.module, [tokens], [0], model.cache, False, None)
+            end = time.perf_counter()
+            before.append(timed.marks["start"] - start)
+            after.append(end - timed.marks["end"])
+    print(f"{args.tokens}-token pass, kernel.run called directly (cold): {statistics.median(before) * 1e6:.0f} us "
+          f"before the C call, {statistics.median(after) * 1e6:.0f} us after it")
 
 
 if __name__ == "__main__":
