@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from specdec import (CompositeDrafter, Datastore, DatastoreDrafter, ModelDrafter, NgramDrafter, generate, load_model,
                      speculative_generate)
-from specdec.bench.ceiling import ceilings, datastore_runs, draft_runs, fewest_passes, fewest_units, lookup_runs
+from specdec.bench.ceiling import KINDS, ceilings, datastore_runs, draft_runs, fewest_passes, fewest_units, lookup_runs
 from tiny import save_tiny
 
 
@@ -207,8 +207,7 @@ def test_ceilings_with_a_datastore_and_pass_costs(tiny):
         for p in prompts:
             sources = {"lookup": lookup_runs, "datastore": lambda i, o, k: datastore_runs(store, i, o, k),
                        "draft": lambda i, o, k: draft_runs(ModelDrafter(noisy), i, o, k)}
-            runs = [sources[s](p.ids, outputs[p.id], 8) for s in kind.replace("lookup_or_", "lookup,").replace(
-                "all_three", "lookup,datastore,draft").split(",")]
+            runs = [sources[s](p.ids, outputs[p.id], 8) for s in KINDS[kind]]
             best = [max(r[t] for r in runs) for t in range(len(outputs[p.id]))]
             ratios.append((len(outputs[p.id]) - 1) / fewest_passes(best))
         assert c["speedup"][kind]["overall"] == pytest.approx(float(np.exp(np.mean(np.log(ratios))))), kind

@@ -143,9 +143,8 @@ def ceilings(prompts, outputs: dict[str, list[int]], k_max: int, drafter: ModelD
     schedule's speedup over plain decoding (`fewest_units`), per prompt and pooled as geometric
     means: end to end where `plain` gives each prompt's (seconds, prefill seconds) of plain
     decoding (the prefill is the same work for both), else decode only."""
-    kinds = [k for k, sources in KINDS.items() if all(
-        s == "lookup" or (s == "datastore" and store is not None) or (s == "draft" and drafter is not None)
-        for s in sources)]
+    have = {"lookup", *(["datastore"] if store is not None else []), *(["draft"] if drafter is not None else [])}
+    kinds = [kind for kind, sources in KINDS.items() if have.issuperset(sources)]
     cats = sorted({p.category for p in prompts})
     tokens = {c: 0 for c in cats + ["overall"]}
     passes = {kind: dict.fromkeys(tokens, 0) for kind in kinds}
@@ -163,9 +162,10 @@ def ceilings(prompts, outputs: dict[str, list[int]], k_max: int, drafter: ModelD
             best = [max(r[t] for r in sources.values()) for t in range(len(out))]
             ratio = None
             if pass_cost and len(out) > 1:
-                decode = (len(out) - 1) / fewest_units(sources, pass_cost, cost)
-                seconds, prefill = plain[p.id] if plain else (1.0, 0.0)
-                ratio = seconds / (prefill + (seconds - prefill) / decode)
+                ratio = (len(out) - 1) / fewest_units(sources, pass_cost, cost)  # decode only
+                if plain:  # the prefill, the same work for both, dilutes it
+                    seconds, prefill = plain[p.id]
+                    ratio = seconds / (prefill + (seconds - prefill) / ratio)
             for where in (p.category, "overall"):
                 passes[kind][where] += fewest_passes(best)
                 if ratio is not None:
