@@ -175,6 +175,9 @@ class Plan:
         self.dims = [c.hidden_size, c.intermediate_size, c.num_heads, c.num_kv_heads, c.head_dim, c.num_layers]
         self.eps = c.rms_norm_eps
         self.fingerprint = fingerprint(module)
+        self.rows = torch.arange(MAX_ROWS, dtype=torch.int64)  # row indices, sliced by each pass
+        self.zeros = torch.zeros(MAX_ROWS, dtype=torch.int64)
+        self.cfgs: dict[tuple, torch.Tensor] = {}  # the pass's shape arguments, by cache and head
 
 
 def fingerprint(module) -> tuple:
@@ -206,18 +209,32 @@ def passes(seqs: list[int], sizes: list[int]) -> list[list[int]]:
 def run(lib, module, blocks: list[torch.Tensor], seqs: list[int], cache, last_only: bool,
         head_rows: torch.Tensor | None) -> list[torch.Tensor]:
     """One kernel pass appending blocks[i] to sequence seqs[i] of `cache`; logits per block
-    ([T_i, head rows], or its last row with last_only). Does not move the cache's lengths."""
+    ([T_i, head rows], or its last row with last_only). Does not move the cache's lengths.
+
+    Few lines on purpose: they run after the pass has streamed the weights through the
+    caches, so each costs microseconds cold (docs/kernels.md, "What a pass costs around the
+    kernel"); what does not change from pass to pass is kept in the plan."""
     plan = plan_for(module)
     head = plan.head if head_rows is None else head_rows
     if head.dtype != torch.bfloat16 or not head.is_contiguous() or cache.k.dtype != torch.bfloat16:
         raise ValueError("the kernel runs on contiguous bf16 head rows and a bf16 cache")
-    sizes = [t.shape[0] for t in blocks]
-    tokens = torch.cat(blocks).contiguous()
-    seq = torch.tensor([b for b, n in zip(seqs, sizes) for _ in range(n)], dtype=torch.int64)
-    pos = torch.tensor([cache.lengths[b] + i for b, n in zip(seqs, sizes) for i in range(n)], dtype=torch.int64)
-    ends = torch.tensor(sizes).cumsum(0)
-    out = (ends - 1) if last_only else torch.arange(int(ends[-1]))
-    cfg = torch.tensor(plan.dims + [cache.capacity, head.shape[0], cache.batch], dtype=torch.int64)
+    if len(blocks) == 1:  # one sequence's block: plain decoding and verification
+        tokens, b = blocks[0].contiguous(), seqs[0]
+        n = tokens.shape[0]
+        seq = plan.zeros[:n] if b == 0 else torch.full((n,), b, dtype=torch.int64)
+        pos = plan.rows[:n] + cache.lengths[b]
+        out = plan.rows[n - 1:n] if last_only else plan.rows[:n]
+    else:
+        sizes = [t.shape[0] for t in blocks]
+        tokens = torch.cat(blocks).contiguous()
+        seq = torch.tensor([b for b, n in zip(seqs, sizes) for _ in range(n)], dtype=torch.int64)
+        pos = torch.tensor([cache.lengths[b] + i for b, n in zip(seqs, sizes) for i in range(n)], dtype=torch.int64)
+        ends = torch.tensor(sizes).cumsum(0)
+        out = (ends - 1) if last_only else plan.rows[:int(ends[-1])]
+    key = (cache.capacity, head.shape[0], cache.batch)
+    cfg = plan.cfgs.get(key)
+    if cfg is None:
+        cfg = plan.cfgs[key] = torch.tensor(plan.dims + list(key), dtype=torch.int64)
     logits = torch.empty((out.shape[0], head.shape[0]), dtype=torch.float32)
     rc = lib.specdec_pass(cfg.data_ptr(), plan.eps, plan.inv_freq.data_ptr(), plan.layer_ptrs.data_ptr(),
                           plan.embed, plan.final_norm, head.data_ptr(), cache.k.data_ptr(), cache.v.data_ptr(),
@@ -225,7 +242,7 @@ def run(lib, module, blocks: list[torch.Tensor], seqs: list[int], cache, last_on
                           out.shape[0], logits.data_ptr(), torch.get_num_threads())
     if rc != 0:
         raise RuntimeError(f"kernel refused a pass of {tokens.shape[0]} rows")
-    if len(sizes) == 1:
+    if len(blocks) == 1:
         return [logits]
     return list(logits.split([1] * len(sizes) if last_only else sizes))
 
