@@ -101,6 +101,8 @@ class _Weights:
 class _Context:
     """One llama_context (a KV cache for one sequence) and a batch buffer for it."""
 
+    flash_attn_type = 0  # LLAMA_FLASH_ATTN_TYPE_DISABLED (-1 auto, 1 enabled); see __init__
+
     def __init__(self, weights: _Weights, n_ctx: int, threads: int):
         lib = weights.lib
         params = lib.llama_context_default_params()
@@ -110,6 +112,12 @@ class _Context:
         if hasattr(params, "swa_full"):  # sliding-window layers keep every position, so rollback can reach any
             params.swa_full = True
         params.n_threads = params.n_threads_batch = threads
+        # No flash attention, as llama-cpp-python's `Llama` (the bench's llama.cpp peer) runs by
+        # default; llama.cpp's own default (auto) turns it on, and on a CPU its attention then
+        # grows with the cache far faster: on the AMX VM a one-token pass after 300 cached took
+        # 20.5 ms with it and 16.9 without, a 9-token block 3.42 and 2.63 one-token passes
+        # (docs/benchmark.md, "On llama.cpp").
+        params.flash_attn_type = self.flash_attn_type
         self.weights, self.lib, self.n_ctx = weights, lib, n_ctx  # holds the weights while it lives
         self.ptr = lib.llama_init_from_model(weights.ptr, params)
         if not self.ptr:
