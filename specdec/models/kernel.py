@@ -176,7 +176,6 @@ class Plan:
         self.eps = c.rms_norm_eps
         self.fingerprint = fingerprint(module)
         self.rows = torch.arange(MAX_ROWS, dtype=torch.int64)  # row indices, sliced by each pass
-        self.zeros = torch.zeros(MAX_ROWS, dtype=torch.int64)
         self.cfgs: dict[tuple, torch.Tensor] = {}  # the pass's shape arguments, by cache and head
 
 
@@ -221,7 +220,7 @@ def run(lib, module, blocks: list[torch.Tensor], seqs: list[int], cache, last_on
     if len(blocks) == 1:  # one sequence's block: plain decoding and verification
         tokens, b = blocks[0].contiguous(), seqs[0]
         n = tokens.shape[0]
-        seq = plan.zeros[:n] if b == 0 else torch.full((n,), b, dtype=torch.int64)
+        seq = torch.full((n,), b, dtype=torch.int64)
         pos = plan.rows[:n] + cache.lengths[b]
         out = plan.rows[n - 1:n] if last_only else plan.rows[:n]
     else:
