@@ -11,6 +11,11 @@ for several sequences at once, each with its own cache rows and length:
     model.reset_batch(capacity, batch)   model.forward_batch(blocks)   model.rollback_batch(lengths)
     model.cache_lens
 
+and, on engines that verify trees (the native one), several candidate continuations in one pass:
+
+    model.forward_tree(ids, parents)     ids[i] follows ids[parents[i]]; the cache grows by len(ids)
+    model.keep_path(start, rows)         lay the kept path's rows out in order from `start`
+
 Two implementations: `NativeLM` (our Llama-family model with a static cache, where
 rollback just moves a length) and `HFAdapter` (any transformers causal LM; we keep its
 cache object but trim it ourselves, by position, instead of trusting its `crop`, whose
@@ -43,6 +48,7 @@ class LanguageModel:
     tokenizer = None
     name: str = "model"
     batches = False  # implements reset_batch / forward_batch / rollback_batch
+    trees = False  # implements forward_tree / keep_path
     pass_tile = None  # rows a pass computes at once, where one more row costs another round (kernel.tile_rows)
 
     def __init__(self, *, vocab_size: int, max_context: int, eos_token_ids, dtype, device, tokenizer, name):
@@ -71,6 +77,13 @@ class LanguageModel:
     def rollback_batch(self, lengths) -> None:
         raise NotImplementedError(f"{type(self).__name__} runs one sequence at a time (no batched passes)")
 
+    # Trees of candidates in one pass. Engines that verify them implement these; the others refuse.
+    def forward_tree(self, ids, parents) -> torch.Tensor:
+        raise NotImplementedError(f"{type(self).__name__} verifies chains only (no tree passes)")
+
+    def keep_path(self, start: int, rows) -> None:
+        raise NotImplementedError(f"{type(self).__name__} verifies chains only (no tree passes)")
+
     def as_tensor(self, ids) -> torch.Tensor:
         if isinstance(ids, torch.Tensor):
             return ids.to(self.device)
@@ -80,8 +93,20 @@ class LanguageModel:
         return f"{type(self).__name__}({self.name!r}, dtype={self.dtype}, device={self.device})"
 
 
+def check_tree(parents, n: int) -> list[int]:
+    """parents as a list: one per token, -1 for the first (the root) and an earlier row for
+    every other, so that rows come in an order where each follows its parent."""
+    parents = [int(p) for p in parents]
+    if len(parents) != n or not n:
+        raise ValueError(f"a tree of {n} tokens needs {n} parents, got {len(parents)}")
+    if parents[0] != -1 or any(not 0 <= p < i for i, p in enumerate(parents[1:], 1)):
+        raise ValueError("parents[0] must be -1 and parents[i] an earlier row (0 <= parents[i] < i)")
+    return parents
+
+
 class NativeLM(LanguageModel):
     batches = True
+    trees = True
     head = None  # (token ids, their lm_head rows) after restrict_head
     head_tokens = None  # the checkpoint's suggested draft head (head_tokens.json); used by ModelDrafter
 
@@ -124,6 +149,16 @@ class NativeLM(LanguageModel):
 
     def rollback(self, length: int) -> None:
         self.rollback_batch([length])
+
+    def forward_tree(self, ids, parents) -> torch.Tensor:
+        ids = self.as_tensor(ids)
+        return self.module.forward_tree(ids, check_tree(parents, ids.shape[0]), self.cache, head=self.head)
+
+    def keep_path(self, start: int, rows) -> None:
+        rows = [int(r) for r in rows]
+        if rows != sorted(set(rows)) or not rows or rows[0] < 0 or start + rows[-1] >= self.cache.lengths[0]:
+            raise ValueError(f"rows to keep must ascend within the cache ({self.cache.lengths[0]} held from 0)")
+        self.cache.keep(0, start, rows)
 
     @property
     def cache_lens(self) -> list[int]:

@@ -141,6 +141,13 @@ class KVCache:
     def batch(self) -> int:
         return self.k.shape[1]
 
+    def keep(self, b: int, start: int, rows: list[int]) -> None:
+        """After a tree: sequence b's slots start + rows[j] move to start + j (rows ascending),
+        so that a path through the tree lies in position order, as a chain would."""
+        src = torch.tensor(rows, device=self.k.device) + start
+        for t in (self.k, self.v):
+            t[:, b, :, start:start + len(rows)] = t[:, b, :, src]
+
     def row(self, b: int) -> "KVCache":
         """Sequence b as a cache of batch 1: views of the same tensors."""
         view = KVCache.__new__(KVCache)
@@ -269,26 +276,57 @@ class Llama(nn.Module):
                 cache.lengths[b] += tokens.shape[0]
         return out if head is None else [self._scatter_head(x, head[0]) for x in out]
 
+    @torch.inference_mode()
+    def forward_tree(self, tokens: torch.Tensor, parents: list[int], cache: KVCache,
+                     head: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        """Append a tree of tokens to the cache's one sequence: tokens[i] is a child of
+        tokens[parents[i]] (parents[0] = -1: the root follows the cached positions), at slot
+        n + i and position n + its depth (n cached). Each row attends to the cache and to its
+        own ancestors; its logits are those of its path run as a chain (on the kernel, bit for
+        bit). The cache's length grows by T; `KVCache.keep` then lays a path out in order."""
+        T = tokens.shape[0]
+        if cache.batch != 1:
+            raise ValueError(f"a tree runs on one sequence; this cache holds {cache.batch}")
+        if (n := cache.lengths[0] + T) > cache.capacity:
+            raise ValueError(f"KV cache overflow: {n} positions > capacity {cache.capacity}")
+        if T and (int(tokens.min()) < 0 or int(tokens.max()) >= self.cfg.vocab_size):
+            raise IndexError(f"token ids must be in [0, {self.cfg.vocab_size})")
+        lib = kernel.library() if kernel.supports(self) else None
+        rows = None if head is None else head[1]
+        if lib is not None and 0 < T <= kernel.MAX_ROWS:
+            out = kernel.run_tree(lib, self, tokens, parents, cache, rows)
+        else:
+            out = self._forward_torch(tokens, cache, cache.lengths[0], False, rows, parents)
+        cache.lengths[0] += T
+        return out if head is None else self._scatter_head(out, head[0])
+
     def _scatter_head(self, logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         full = torch.full((logits.shape[0], self.cfg.vocab_size), -math.inf, device=logits.device)
         full[:, ids] = logits
         return full
 
-    def _forward_torch(self, tokens, cache: KVCache, start: int, last_only, rows) -> torch.Tensor:
+    def _forward_torch(self, tokens, cache: KVCache, start: int, last_only, rows, parents=None) -> torch.Tensor:
         T = tokens.shape[0]
         if T == 0:
             return torch.empty((0, self.cfg.vocab_size if rows is None else rows.shape[0]), device=tokens.device)
         x = self.model.embed_tokens(tokens)[None]
-        # Positions are absolute token indices: the cache length is the next position.
-        pos = torch.arange(start, start + T, device=tokens.device, dtype=torch.float32)
+        # Positions are absolute token indices: the cache length is the next position (in a
+        # tree, the first row's plus the row's depth).
+        depth = torch.arange(T, device=tokens.device)
+        seen = torch.ones(T, T, dtype=torch.bool, device=tokens.device).tril()  # row i sees slots start..start+i
+        if parents is not None:
+            seen = torch.eye(T, dtype=torch.bool, device=tokens.device)
+            for i, parent in enumerate(parents[1:], 1):  # and its ancestors' slots, in a tree
+                depth[i] = depth[parent] + 1
+                seen[i] |= seen[parent]
+        pos = (start + depth).to(torch.float32)
         freqs = torch.outer(pos, self.inv_freq)
         emb = torch.cat((freqs, freqs), dim=-1)
         cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
-        # One new token may see everything cached; a block needs a causal mask offset by start.
+        # One new token may see everything cached; a block sees the cache and its own slots.
         mask = None
         if T > 1:
-            q_pos = torch.arange(start, start + T, device=tokens.device)[:, None]
-            mask = torch.arange(start + T, device=tokens.device)[None, :] <= q_pos
+            mask = torch.cat([torch.ones(T, start, dtype=torch.bool, device=tokens.device), seen], dim=1)
         for i, layer in enumerate(self.model.layers):
             x = layer(x, cos, sin, cache, i, mask, start)
         if last_only:
