@@ -18,7 +18,7 @@ from .bridge import bridged, vocab_fingerprint
 from .drafters import Drafter, as_drafter
 from .models.base import LanguageModel, Rows, as_language_model
 from .schedule import AdaptiveK
-from .sampling import SamplingParams, greedy_accept, logits_to_probs, rejection_sample, select
+from .sampling import SamplingParams, greedy_accept, logits_to_probs, rejection_sample, select, tree_accept
 
 
 @dataclass
@@ -295,10 +295,12 @@ class _Run:
     def timer(self, rows) -> _Timer:
         return _Timer([self.stats[b] for b in rows], self.model.device)
 
-    def prefill(self) -> list[int]:
-        """Empty the cache and run every prompt; each row's first new token."""
+    def prefill(self, spare: int = 0) -> list[int]:
+        """Empty the cache (with `spare` slots past the last position, where a tree's other
+        branches sit until the kept path moves into place) and run every prompt; each row's
+        first new token."""
         self.capacity = max(len(ids) for ids in self.prompt_ids) + self.max_tokens
-        self.rows.reset(self.capacity)
+        self.rows.reset(self.capacity + spare)
         with self.timer(range(self.size))("prefill"):
             logits = self.rows.forward(self.prompt_ids, last_only=True)
             return [select(x[-1], self.params, g) for x, g in zip(logits, self.gens)]
@@ -394,9 +396,12 @@ def speculative_generate(model, draft, tokenizer, prompt, max_tokens: int, *, nu
         raise ValueError(f"the draft ({drafter!r}) runs one prompt at a time; batches need a draft on an engine "
                          "that batches (the native engine)")
     params, gens, rows, prompt_ids, outs = run.params, run.gens, run.rows, run.prompt_ids, run.outs
+    # A drafter that grows trees, on an engine that verifies them, for one prompt: each step
+    # verifies the chosen source's chain and the other continuations hung on it in one pass.
+    trees = drafter.tree_size > 0 and model.trees and run.size == 1
     live = run.live()
     if live:
-        tokens = run.prefill()
+        tokens = run.prefill(spare=drafter.tree_size if trees else 0)
         drafter.begin(run.capacity, run.size)
         with run.timer(range(run.size))("draft"):
             drafter.prefill(prompt_ids)
@@ -417,29 +422,49 @@ def speculative_generate(model, draft, tokenizer, prompt, max_tokens: int, *, nu
         proposals, setup = {}, drafter.setup_seconds
         if asks:
             with step("draft"):
-                proposals = drafter.propose_rows(asks, params, gens)
+                if trees:  # (tokens, parents, how many lead as the source's chain)
+                    size = {b: schedule.tree_size(n, src, drafter.tree_size) if schedule else drafter.tree_size
+                            for b, (_, n, src) in asks.items()}
+                    proposals = {b: drafter.propose_tree(*ask, row=b, size=size[b],
+                                                         depth=max_tokens - len(outs[b]) - 1)
+                                 for b, ask in asks.items()}
+                else:
+                    proposals = drafter.propose_rows(asks, params, gens)
         setup = drafter.setup_seconds - setup  # a draft reading a prompt: not a cost of drafting
         drafted = {b: proposals.get(b, ([], None))[0] for b in live}
+        chain = {b: len(drafted[b]) for b in live}  # the source's own drafts, which the schedule learns from
         with step("verify"):
-            logits = rows.forward([[ids[b][-1]] + drafted[b] if b in ids else [] for b in range(run.size)])
-            verdicts = {}
-            for b in live:
-                if params.greedy:
-                    verdicts[b] = greedy_accept(drafted[b], logits[b])
-                else:
-                    q = proposals.get(b, ([], None))[1]
-                    verdicts[b] = rejection_sample(drafted[b], q, logits_to_probs(logits[b], params), gens[b])
+            verdicts = {}  # per row: the accepted drafts (their indices), the target's token, the chain's share
+            if trees and asks:
+                tokens, parents, chain[0] = proposals[0]
+                logits = model.forward_tree([ids[0][-1]] + tokens, [-1] + [p + 1 for p in parents])
+                path, token = tree_accept(tokens, parents, logits, params, gens[0])
+                model.keep_path(len(ids[0]) - 1, [0] + [i + 1 for i in path])  # the path in order, as a chain
+                verdicts[0] = path, token, next((i for i, node in enumerate(path) if node != i or i == chain[0]),
+                                                len(path))
+            else:
+                logits = rows.forward([[ids[b][-1]] + drafted[b] if b in ids else [] for b in range(run.size)])
+                for b in live:
+                    if params.greedy:
+                        n_acc, token = greedy_accept(drafted[b], logits[b])
+                    else:
+                        q = proposals.get(b, ([], None))[1]
+                        n_acc, token = rejection_sample(drafted[b], q, logits_to_probs(logits[b], params), gens[b])
+                    verdicts[b] = list(range(n_acc)), token, n_acc
         outcomes, new = [], {}
         for b, (src, _) in zip(live, plan):
-            n_acc, token = verdicts[b]
-            new[b] = run.add(b, drafted[b][:n_acc] + [token])
+            path, token, n_acc = verdicts[b]
+            new[b] = run.add(b, [drafted[b][i] for i in path] + [token])
             # An EOS among the accepted drafts ends the block: the drafts after it were neither
             # accepted nor rejected, just discarded, so they are not counted at all.
-            kept = min(n_acc, len(new[b]))
-            run.stats[b].record_step(kept if kept < n_acc else len(drafted[b]), kept)
-            outcomes.append((src, len(drafted[b]), n_acc))
+            kept = min(len(path), len(new[b]))
+            run.stats[b].record_step(kept if kept < len(path) else len(drafted[b]), kept)
+            outcomes.append((src, chain[b], n_acc))
         if schedule:
-            schedule.update_batch(outcomes, step.elapsed.get("draft", 0.0) - setup, step.elapsed["verify"])
+            schedule.update_batch(outcomes, step.elapsed.get("draft", 0.0) - setup, step.elapsed["verify"],
+                                  rows=1 + len(drafted[0]) if trees else None)
+            if trees and asks:
+                schedule.update_tree(len(drafted[0]) - chain[0], len(verdicts[0][0]) - verdicts[0][2])
         # Roll back rejected drafts (and anything after an EOS): each row's cache keeps its
         # accepted sequence minus its pending last token.
         lengths = rows.lengths

@@ -13,6 +13,12 @@ for B rows at once (a batch; B = 1 for one prompt), each with its own state:
     drafter.propose_rows({row: (ids, k, source)}, params, gens) -> {row: (tokens, q)}: several
                                             rows in one go (a model draft runs them in shared passes)
     drafter.commit(ids, row=0)              the row's accepted sequence after verification
+
+A model-free drafter with `tree_size` > 0 also proposes trees, which engines that verify
+trees (the native one) check in one pass, for one prompt at a time:
+
+    drafter.propose_tree(ids, k, source=None, row=0) -> (tokens, parents): the chain `propose`
+                                            would give, then other continuations hung on it
 """
 from __future__ import annotations
 
@@ -70,6 +76,23 @@ class Drafter:
 
     def commit(self, ids: list[int], row: int = 0) -> None:
         pass
+
+    tree_size = 0  # drafted nodes a tree may hold; 0: chains only
+
+    def propose_tree(self, ids: list[int], k: int, source: str | None = None, row: int = 0, size: int = 0,
+                     depth: int | None = None):
+        """Deterministic drafts as a tree of at most max(k, size) nodes, none deeper than
+        max(k, depth): tokens, each one's parent (an earlier node, or -1 for the context), and
+        how many lead as the chain of k `propose` gives (nodes 0..n-1, each the child of the
+        one before). Here that chain alone."""
+        tokens, _ = self.propose(ids, k, SamplingParams(0.0), None, source, row)
+        return tokens, list(range(-1, len(tokens) - 1)), len(tokens)
+
+
+def check_tree_size(tree_size) -> int:
+    if not isinstance(tree_size, int) or isinstance(tree_size, bool) or tree_size < 0:
+        raise ValueError(f"tree_size must be an integer >= 0, got {tree_size!r}")
+    return tree_size
 
 
 class _Lookup(Drafter):
@@ -157,10 +180,11 @@ class DatastoreDrafter(_Lookup):
     match lengths are: a longer match is a better bet, and `num_draft_tokens="auto"` learns
     by how much."""
 
-    def __init__(self, store):
+    def __init__(self, store, tree_size: int = 0):
         super().__init__()
         self.store = store if isinstance(store, Datastore) else Datastore.load(store)
         self.vocab_size = self.store.vocab_size
+        self.tree_size = check_tree_size(tree_size)
 
     def _search(self, ids):
         return self.store.match(ids)
@@ -176,8 +200,22 @@ class DatastoreDrafter(_Lookup):
         self.seconds += time.perf_counter() - start
         return tokens, None
 
+    def propose_tree(self, ids, k, source=None, row=0, size=0, depth=None):
+        return self.widen(ids, *super().propose_tree(ids, k, source, row), size, depth, row)
+
+    def widen(self, ids, tokens, parents, chain, size, depth=None, row=0):
+        """The store's other continuations of the context hung on a tree, to `size` nodes."""
+        found = self._match(ids, row)
+        if not found or len(tokens) >= size:
+            return tokens, parents, chain
+        start = time.perf_counter()
+        tokens, parents = self.store.tree(found, tokens, parents, size, depth)
+        self.seconds += time.perf_counter() - start
+        return tokens, parents, chain
+
     def __repr__(self) -> str:
-        return f"DatastoreDrafter({self.store.name}, {len(self.store):,} tokens)"
+        tree = f", tree_size={self.tree_size}" if self.tree_size else ""
+        return f"DatastoreDrafter({self.store.name}, {len(self.store):,} tokens{tree})"
 
 
 class ModelDrafter(Drafter):
@@ -352,13 +390,17 @@ class CompositeDrafter(Drafter):
     """
 
     def __init__(self, model_draft=None, lookup: NgramDrafter | None = None, tokenizer=None,
-                 min_confidence: float = 0.0, datastore=None):
+                 min_confidence: float = 0.0, datastore=None, tree_size: int = 0):
         super().__init__()
         if model_draft is None and datastore is None:
             raise ValueError("a composite drafter needs a model draft or a datastore beside its lookup")
+        if check_tree_size(tree_size) and (model_draft is not None or datastore is None):
+            raise ValueError("trees grow from a datastore, without a model draft (whose drafts are sampled)")
         self.lookup = lookup or NgramDrafter()
         self.store = (None if datastore is None else
                       datastore if isinstance(datastore, DatastoreDrafter) else DatastoreDrafter(datastore))
+        if tree_size:
+            self.store.tree_size = self.tree_size = tree_size
         self.model = (None if model_draft is None else model_draft if isinstance(model_draft, ModelDrafter) else
                       ModelDrafter(model_draft, tokenizer, min_confidence))
         if self.model is None:
@@ -418,6 +460,11 @@ class CompositeDrafter(Drafter):
     def commit(self, ids, row=0):
         if self.model:
             self.model.commit(ids, row)
+
+    def propose_tree(self, ids, k, source=None, row=0, size=0, depth=None):
+        tree = self.store.widen(ids, *super().propose_tree(ids, k, source, row), size, depth, row)
+        self.seconds = sum(part.seconds for part in self.parts)
+        return tree
 
     def __repr__(self) -> str:
         return f"CompositeDrafter({', '.join(map(repr, self.parts))})"

@@ -100,6 +100,32 @@ def greedy_accept(draft: list[int], target_logits: torch.Tensor) -> tuple[int, i
     return n, choice[n]
 
 
+def tree_accept(tokens: list[int], parents: list[int], target_logits: torch.Tensor, params: SamplingParams,
+                generator: torch.Generator | None) -> tuple[list[int], int]:
+    """Verification of a tree of deterministic drafts (q one-hot on each node). tokens[i] is a
+    drafted node whose parent is node parents[i] (-1: the context); target_logits[0] scores
+    the token after the context, target_logits[i + 1] the token after node i's path.
+
+    Returns (the accepted path's nodes, in order; the target's token that follows them).
+    From the context, draw the target's next token (argmax when greedy); if a child is that
+    token, move to it and draw again, else stop with the token drawn. Every token kept is
+    exactly a draw from the target's distribution given the tokens before it, so the output
+    is distributed as plain sampling's (for a chain this is rejection sampling with one-hot
+    q: accept d with probability p(d), else draw from p without d)."""
+    children: list[dict[int, int]] = [{} for _ in range(len(tokens) + 1)]
+    for i, (t, parent) in enumerate(zip(tokens, parents)):
+        children[parent + 1][t] = i
+    choice = argmax(target_logits) if params.greedy else None
+    path, row = [], 0
+    while True:
+        y = choice[row] if params.greedy else sample(logits_to_probs(target_logits[row], params), generator)
+        node = children[row].get(y)
+        if node is None:
+            return path, y
+        path.append(node)
+        row = node + 1
+
+
 def rejection_sample(
     draft: list[int],
     draft_probs: torch.Tensor | None,

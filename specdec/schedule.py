@@ -30,6 +30,14 @@ interval stretches in proportion, so that probing takes the same share of the ti
 a probe costs (on llama.cpp on a Zen 4 CPU a probe costs 0.6-0.8 of a pass, and probes of
 every match length of every source made two thirds of what the default lost there).
 
+Trees (a drafter with `tree_size`, on an engine that verifies them): a step that drafts a
+chain of k may also hang other continuations on it, up to the tree's size, verified in the
+same pass. Each extra node costs the slope of the verify line (seconds a token) and adds what
+extra nodes have added so far (tokens accepted off the chain, per extra node drafted; a
+prior of TREE_YIELD at first); they are drafted where that beats the step's rate, and on
+every `probe_every`-th step otherwise, so the estimate stays current. On a GPU extra rows
+cost almost nothing; on a CPU they cost 2-4% of a pass each.
+
 Choosing k from past steps only does not change the output: greedy output is the
 target's for any k, and the sampling rule is exact for any k.
 """
@@ -65,6 +73,7 @@ class AdaptiveK:
     PRIOR = 0.5  # p_1 before any observation
     PRIOR_WEIGHT = 2.0  # pseudo-observations behind the prior (p_{i-1} for p_i); they decay like real ones
     PROBE_COST = 0.1  # a probe's extra cost, in plain passes, up to which probe_every holds as it is
+    TREE_YIELD, TREE_WEIGHT = 0.1, 8.0  # tokens an extra tree node adds, before any is measured; its weight in nodes
 
     def __init__(self, k_max: int = K_MAX, decay: float = 0.95, probe_every: int = 8, max_probe_every: int = 128):
         if k_max < 1:
@@ -76,6 +85,8 @@ class AdaptiveK:
         self.verify_n: dict[int, float] = {}
         self.verify_s: dict[int, float] = {}
         self._verify_fit: tuple[float, float] | None = None
+        # A tree's nodes beyond its chain: decayed sums of those drafted and of the tokens they added.
+        self.extra_nodes, self.extra_tokens, self.tree_steps = 0.0, 0.0, 0
 
     def _source(self, name: str) -> SourceStats:
         if name not in self.sources:
@@ -226,17 +237,36 @@ class AdaptiveK:
                 return plan
         return best
 
+    def tree_size(self, k: int, source: str, size: int) -> int:
+        """Nodes to draft this step as a tree of at most `size`: the chain's k, or all `size`
+        where extra nodes pay (module docstring)."""
+        if k == 0 or size <= k or not self.verify_n:
+            return k
+        self.tree_steps += 1
+        w = self.TREE_WEIGHT
+        added = (self.extra_tokens + self.TREE_YIELD * w) / (self.extra_nodes + w)  # tokens an extra node adds
+        cost = self.pass_time(k + 2) - self.pass_time(k + 1)  # seconds an extra node adds to the pass
+        rate = self.expected_rates(source)[k]  # tokens a second without them
+        return size if added > rate * cost or self.tree_steps % self.probe_every == 0 else k
+
+    def update_tree(self, extra_nodes: int, extra_tokens: int) -> None:
+        """A tree step's nodes beyond its chain, and the tokens accepted among them."""
+        if extra_nodes:
+            self.extra_nodes = self.decay * self.extra_nodes + extra_nodes
+            self.extra_tokens = self.decay * self.extra_tokens + extra_tokens
+
     def update(self, drafted: int, accepted: int, draft_seconds: float, verify_seconds: float,
                source: str = "model") -> None:
         """One step's outcome: `drafted` proposals from `source`, the first `accepted` kept."""
         self.update_batch([(source, drafted, accepted)], draft_seconds, verify_seconds)
 
     def update_batch(self, outcomes: list[tuple[str | None, int, int]], draft_seconds: float,
-                     verify_seconds: float) -> None:
+                     verify_seconds: float, rows: int | None = None) -> None:
         """One step of a batch: per row (source, drafted, accepted), then the step's draft and
         verify seconds. The draft time is charged to the costliest source the step used (a
         model draft's steps dwarf a lookup's microseconds), per draft step; a source measured
-        for the first time is charged with it too."""
+        for the first time is charged with it too. rows: the verify pass's tokens, where it held
+        more than the sources' chains (a tree)."""
         d = self.decay
         used = [(self._source(src), n) for src, n, _ in outcomes if n]
         for src, drafted, accepted in outcomes:
@@ -260,7 +290,7 @@ class AdaptiveK:
             for s in {id(s): s for s, _ in used}.values():
                 if s is costliest or s.t_draft is None:
                     s.t_draft = per_step if s.t_draft is None else d * s.t_draft + (1 - d) * per_step
-        size = sum(n + 1 for _, n, _ in outcomes)
+        size = rows or sum(n + 1 for _, n, _ in outcomes)
         for n in self.verify_n:
             self.verify_n[n] *= d
             self.verify_s[n] *= d

@@ -11,10 +11,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specdec import load_model
+from specdec import load_model, speculative_generate
 from specdec.models import kernel
 
-from test_kernel import COMMON, SHAPES, lib, tiny  # noqa: F401  (fixtures)
+from test_distribution import counting_tree_accept
+from test_kernel import SHAPES, lib, tiny  # noqa: F401  (fixtures)
 from tiny import needs_model
 
 pytestmark = pytest.mark.skipif(kernel.library() is None, reason="the kernel cannot be built here (no C++ compiler)")
@@ -131,3 +132,124 @@ def test_engines_without_trees_say_so(tiny):
     assert not hf.trees
     with pytest.raises(NotImplementedError, match="chains only"):
         hf.forward_tree([1, 2], [-1, 0])
+
+
+# ----------------------------------------------------------------------------- decoding with trees
+
+
+@pytest.fixture(scope="module")
+def tiny_ckpt(tmp_path_factory):
+    from tiny import save_tiny
+
+    return save_tiny(tmp_path_factory.mktemp("tree") / "t", "llama", 0)
+
+
+@pytest.fixture(scope="module")
+def tiny_target(tiny_ckpt):
+    return load_model(tiny_ckpt, dtype="float32")  # float32: the torch path's trees
+
+
+PROMPT = [5, 9, 3, 12, 5, 9, 3, 7]
+
+
+def own_store(model, n: int = 12, length: int = 40):
+    """A datastore of the model's own writing after PROMPT: sampled continuations, which branch
+    where it is unsure, and once its greedy one, so that a sibling of the majority is right."""
+    from specdec import Datastore, generate
+
+    outs = [generate(model, None, PROMPT, length, temperature=1.5, seed=i).token_ids for i in range(n)]
+    return Datastore(outs + [generate(model, None, PROMPT, length).token_ids], model.vocab_size)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+@pytest.mark.parametrize("k", [3, "auto"])
+def test_caches_consistent_every_tree_step(tiny_target, temperature, k, monkeypatch):
+    from specdec import CompositeDrafter, NgramDrafter, generate
+    from test_cache import checked_speculative
+
+    seen = counting_tree_accept(monkeypatch)
+    prompt = PROMPT
+    drafter = CompositeDrafter(lookup=NgramDrafter(), datastore=own_store(tiny_target), tree_size=8)
+    res, chunks, _ = checked_speculative(tiny_target, drafter, prompt, 40, k, temperature=temperature, seed=3)
+    assert len(res.token_ids) == 40 and len(chunks) == res.stats.target_calls
+    assert seen["steps"] > 5, seen  # trees verified
+    if k != "auto":  # (auto hangs siblings on a chain only where they pay)
+        assert seen["off_chain"] > 0, seen  # and siblings accepted
+    if temperature == 0:
+        assert res.token_ids == generate(tiny_target, None, prompt, 40).token_ids
+
+
+def test_trees_stop_at_max_tokens_and_eos(tiny_target):
+    from specdec import CompositeDrafter, NgramDrafter, generate
+    from test_cache import assert_cache_holds, with_eos
+
+    prompt = PROMPT
+    store = own_store(tiny_target)
+    ref = generate(tiny_target, None, prompt, 12).token_ids
+    for max_tokens in range(1, 13):
+        drafter = CompositeDrafter(lookup=NgramDrafter(), datastore=store, tree_size=8)
+        res = speculative_generate(tiny_target, drafter, None, prompt, max_tokens, num_draft_tokens=4)
+        assert res.token_ids == ref[:max_tokens] and res.finish_reason == "length"
+        assert_cache_holds(tiny_target, prompt + ref[:max_tokens - 1])
+    for i in sorted({ref.index(t) for t in ref})[1:5]:  # an EOS at a token's first appearance
+        m = with_eos(tiny_target, ref[i])
+        drafter = CompositeDrafter(lookup=NgramDrafter(), datastore=store, tree_size=8)
+        res = speculative_generate(m, drafter, None, prompt, 12, num_draft_tokens=4)
+        assert res.token_ids == ref[:i + 1] and res.finish_reason == "eos"
+        assert_cache_holds(m, prompt + ref[:i])
+
+
+@needs_model
+@pytest.mark.parametrize("prompt", ["Summarize: the committee met on Tuesday and agreed to fund the new library, "
+                                    "which opens next spring. Summary:",
+                                    "Explain why the sky is blue in two sentences."])
+def test_bf16_tree_speculation_is_plain_greedy_exactly(prompt, lib):  # noqa: F811
+    from specdec import CompositeDrafter, NgramDrafter, generate, load_datastore
+
+    model = load_model("smollm2-135m-instruct", dtype="bfloat16")
+    plain = generate(model, model.tokenizer, prompt, 64, chat=True)
+    for k in (4, "auto"):
+        drafter = CompositeDrafter(lookup=NgramDrafter(), datastore=load_datastore("smollm2-135m-instruct"),
+                                   tree_size=12)
+        spec = speculative_generate(model, drafter, model.tokenizer, prompt, 64, num_draft_tokens=k, chat=True)
+        assert spec.token_ids == plain.token_ids
+
+
+def test_tree_options_are_checked(tiny_target):
+    from specdec import CompositeDrafter, Datastore, DatastoreDrafter
+
+    store = Datastore([[1, 2, 3]], tiny_target.vocab_size)
+    for bad in (-1, 2.5, True):
+        with pytest.raises(ValueError, match="tree_size"):
+            CompositeDrafter(datastore=store, tree_size=bad)
+    with pytest.raises(ValueError, match="tree_size"):
+        DatastoreDrafter(store, tree_size=-3)
+    with pytest.raises(ValueError, match="without a model draft"):
+        CompositeDrafter(tiny_target, datastore=store, tree_size=4)
+
+
+def test_a_tree_on_an_engine_without_trees_is_a_chain(tiny_target, tiny_ckpt):
+    from transformers import AutoModelForCausalLM
+
+    from specdec import CompositeDrafter, NgramDrafter, generate
+    from specdec.models.base import as_language_model
+
+    hf = as_language_model(AutoModelForCausalLM.from_pretrained(tiny_ckpt))
+    prompt = PROMPT
+    drafter = CompositeDrafter(lookup=NgramDrafter(), datastore=own_store(tiny_target), tree_size=8)
+    res = speculative_generate(hf, drafter, None, prompt, 20)
+    assert res.token_ids == generate(hf, None, prompt, 20).token_ids
+
+
+def test_greedy_tree_acceptance_follows_the_target_argmax_down_the_tree():
+    from specdec.sampling import SamplingParams, tree_accept
+
+    # context -> 7 (node 0) -> 8 (node 1); context -> 9 (node 2) -> 4 (node 3), 5 (node 4)
+    tokens, parents = [7, 8, 9, 4, 5], [-1, 0, -1, 2, 2]
+    logits = torch.zeros(6, 10)
+    for row, best in enumerate([9, 1, 2, 5, 3, 6]):  # row 0: the context; row i + 1: after node i
+        logits[row, best] = 1.0
+    assert tree_accept(tokens, parents, logits, SamplingParams(0.0), None) == ([2, 4], 6)
+    logits[0] = 0
+    logits[0, 3] = 1.0  # no child is the target's token: nothing accepted
+    assert tree_accept(tokens, parents, logits, SamplingParams(0.0), None) == ([], 3)
