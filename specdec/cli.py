@@ -294,7 +294,8 @@ def cmd_bench(args) -> int:
         load_datastore_arg(args)  # a missing or broken file fails now (loads are cached for the run)
     options = dict(model=args.model, engine=args.engine, draft=None if args.no_draft else draft,
                    datastore=None if args.endpoint else datastore_arg(args),
-                   min_confidence=args.min_confidence, dtype=args.dtype, device=args.device, threads=args.threads,
+                   min_confidence=args.min_confidence, tree_size=args.tree_size, dtype=args.dtype,
+                   device=args.device, threads=args.threads,
                    prompts=args.prompts, categories=args.categories.split(",") if args.categories else None,
                    per_category=args.per_category, max_tokens=args.max_tokens, trials=args.trials, ks=args.ks,
                    peers=not args.no_peers, llama_cpp_peers=not args.no_llama_cpp, temperature=args.temperature,
@@ -393,6 +394,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "in the composite)")
     b.add_argument("--min-confidence", type=_confidence, default=0.0, help="> 0: also run the draft with this "
                    "confidence stop (draft-stop, composite-stop)")
+    b.add_argument("--tree-size", type=_positive_int, default=None, help="also run lookup + datastore with trees "
+                   "of up to this many drafts a pass (store-tree; native engine)")
     b.add_argument("--threads", type=_positive_int, default=None, help="torch threads (default: torch's choice)")
     b.add_argument("--prompts", default=None, help="a JSONL prompt file (default: the bundled suite)")
     b.add_argument("--categories", default=None, help="comma-separated categories to run")

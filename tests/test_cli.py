@@ -185,6 +185,14 @@ def test_bench_out_is_a_file(capsys, tmp_path, no_load):
     assert out.read_text() == "keep me"
 
 
+def test_bench_trees_need_the_native_engine_and_a_datastore(capsys, tmp_path, no_load):
+    assert_one_line_error(*run(capsys, "bench", "--tree-size", "8", "--datastore", "none", "--out", tmp_path / "o"),
+                          "datastore")
+    rc, _, err = run(capsys, "bench", "--tree-size", "0", "--out", tmp_path / "o")  # argparse's own error
+    assert rc == 2 and "--tree-size: must be >= 1" in err
+    assert not (tmp_path / "o").exists()
+
+
 def test_bench_unknown_category(capsys, tmp_path, no_load):
     out = tmp_path / "out"
     assert_one_line_error(*run(capsys, "bench", "--categories", "nope", "--out", out), "nope")

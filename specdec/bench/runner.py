@@ -60,6 +60,7 @@ class BenchConfig:
     peers: bool = True  # transformers' generate / assisted / prompt lookup
     llama_cpp_peers: bool = True  # llama.cpp's own generation (and, on that engine, its prompt lookup), if installed
     min_confidence: float = 0.0  # > 0: also the draft model with this confidence stop ("draft-stop")
+    tree_size: int = 0  # > 0: also lookup + datastore with trees of this many drafts ("store-tree"; native engine)
     batch_sizes: list[int] | None = None  # run the batched study (bench/batched.py) at these B instead
     # Serving endpoints (bench/serving.py) instead of local models: "NAME=URL" each.
     endpoints: list[str] | None = None
@@ -90,6 +91,12 @@ class BenchConfig:
         self.ks = sorted({k for k in self.ks if k != "auto"}) + ["auto"] * ("auto" in self.ks)
         if not 0.0 <= self.min_confidence < 1.0:
             raise ValueError(f"min_confidence must be in [0, 1), got {self.min_confidence}")
+        if not isinstance(self.tree_size, int) or isinstance(self.tree_size, bool) or self.tree_size < 0:
+            raise ValueError(f"tree_size must be an integer >= 0, got {self.tree_size!r}")
+        if self.tree_size and self.engine != "native":
+            raise ValueError(f"trees need an engine that verifies them (native), not {self.engine}")
+        if self.tree_size and not self.datastore:
+            raise ValueError("trees grow from a datastore: give --datastore")
         if self.batch_sizes is not None:
             if not self.batch_sizes or any(not isinstance(b, int) or isinstance(b, bool) or b < 1
                                            for b in self.batch_sizes):
@@ -215,6 +222,8 @@ def build_methods(cfg: BenchConfig, target, draft_model, hf, hf_draft, llama_ggu
     drafters = {"ngram": NgramDrafter}
     if store is not None:
         drafters["store"] = lambda: CompositeDrafter(datastore=store)
+        if cfg.tree_size:
+            drafters["store-tree"] = lambda: CompositeDrafter(datastore=store, tree_size=cfg.tree_size)
     if draft_model is not None:
         drafters.update(draft=lambda: ModelDrafter(draft_model),
                         composite=lambda: CompositeDrafter(draft_model, datastore=store))
@@ -480,7 +489,7 @@ LLAMA_CPP_BASELINE = "llama.cpp-greedy"
 
 
 # The drafters made of others, and the parts each is compared with when run alone.
-COMPOSITE_PARTS = {"store": ("ngram",), "composite": ("ngram", "store", "draft")}
+COMPOSITE_PARTS = {"store": ("ngram",), "store-tree": ("ngram", "store"), "composite": ("ngram", "store", "draft")}
 
 
 def composite_vs_sources(methods, per_prompt: dict, prompts) -> dict:
