@@ -433,15 +433,20 @@ def speculative_generate(model, draft, tokenizer, prompt, max_tokens: int, *, nu
         setup = drafter.setup_seconds - setup  # a draft reading a prompt: not a cost of drafting
         drafted = {b: proposals.get(b, ([], None))[0] for b in live}
         chain = {b: len(drafted[b]) for b in live}  # the source's own drafts, which the schedule learns from
+        parents = None  # a tree's, where it branches (a tree that does not is a chain, verified as one)
+        if trees and asks:
+            _, parents, chain[0] = proposals.pop(0)  # (its q is one-hot: no q)
+            parents = parents if len(drafted[0]) > chain[0] else None
         with step("verify"):
             verdicts = {}  # per row: the accepted drafts (their indices), the target's token, the chain's share
-            if trees and asks:
-                tokens, parents, chain[0] = proposals[0]
+            if parents is not None:
+                tokens = drafted[0]
                 logits = model.forward_tree([ids[0][-1]] + tokens, [-1] + [p + 1 for p in parents])
                 path, token = tree_accept(tokens, parents, logits, params, gens[0])
-                model.keep_path(len(ids[0]) - 1, [0] + [i + 1 for i in path])  # the path in order, as a chain
-                verdicts[0] = path, token, next((i for i, node in enumerate(path) if node != i or i == chain[0]),
-                                                len(path))
+                n_acc = next((i for i, node in enumerate(path) if node != i or i == chain[0]), len(path))
+                if n_acc < len(path):  # it left the chain: lay the path out in order, as a chain
+                    model.keep_path(len(ids[0]) - 1, [0] + [i + 1 for i in path])
+                verdicts[0] = path, token, n_acc
             else:
                 logits = rows.forward([[ids[b][-1]] + drafted[b] if b in ids else [] for b in range(run.size)])
                 for b in live:

@@ -67,7 +67,7 @@ class Drafter:
 
     def propose(self, ids: list[int], k: int, params: SamplingParams, generator, source: str | None = None,
                 row: int = 0):
-        return self.propose_rows({row: (ids, k, source)}, params, {row: generator})[row]
+        return self.propose_rows({row: (ids, k, source)}, params, {row: generator}).get(row, ([], None))
 
     def propose_rows(self, requests: dict, params: SamplingParams, generators) -> dict:
         """requests[row] = (ids, k, source); generators[row] draws that row's samples."""

@@ -338,7 +338,7 @@ def draw_trees(models, k, setting: str) -> Tally:
 
 
 def counting_tree_accept(monkeypatch, rule=None) -> dict:
-    """Counts tree steps, and those whose accepted path took a sibling of the chain."""
+    """Counts the steps that verified a branching tree, and those whose path took a sibling of the chain."""
     import specdec.decoding as decoding
 
     seen = {"steps": 0, "off_chain": 0}
@@ -356,19 +356,19 @@ def counting_tree_accept(monkeypatch, rule=None) -> dict:
 
 @pytest.mark.parametrize("k, setting", [(K, "t1.0"), ("auto", "t0.7-topk3")])
 def test_tree_speculation_matches_exact_distribution(models, exact, k, setting, monkeypatch):
-    # Measured: p = 0.61 (k = 2, t1.0; 1636 tree steps, 149 through a sibling) and 0.49 (auto,
-    # t0.7 / top-k 3; 1491 tree steps, 29 through a sibling: auto hangs siblings only where they pay).
+    # Measured: p = 0.43 (k = 2, t1.0; 644 steps verified a tree that branched, 140 of them took
+    # a sibling) and 0.87 (auto, t0.7 / top-k 3; 70 and 29: auto hangs siblings only where they pay).
     seen = counting_tree_accept(monkeypatch)
     tally = draw_trees(models, k, setting)
     pvalue = chisquare_pvalue(tally.counts, exact(setting))
-    assert seen["steps"] > N / 2 and seen["off_chain"] > (0.05 * N if k == K else 10), seen
+    assert seen["steps"] > (0.3 * N if k == K else 30) and seen["off_chain"] > (0.05 * N if k == K else 10), seen
     assert pvalue > ALPHA, f"p-value {pvalue:.3g}"
 
 
 def test_detects_a_biased_tree_rule(models, exact, monkeypatch):
     # The test's power: children tried one by one (each taken with probability p(child), no
     # renormalizing after a refusal) and, when none is taken, a draw from p itself.
-    # Measured p-value of the broken rule: 1.4e-56 (1730 tree steps, 105 through a sibling).
+    # Measured p-value of the broken rule: 4e-10 (644 branched trees, 109 through a sibling).
     def one_by_one(tokens, parents, logits, params, gen):
         children = [{} for _ in range(len(tokens) + 1)]
         for i, (t, parent) in enumerate(zip(tokens, parents)):
