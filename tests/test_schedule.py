@@ -228,3 +228,4 @@ def test_trees_grow_where_extra_rows_cost_nothing_and_stay_chains_where_they_cos
     # Before anything is measured a tree is a chain; k = 0 is a plain step either way.
     assert AdaptiveK().tree_size(3, "model", 12) == 3
     assert trained(0.55, t_draft=0.0).tree_size(0, "model", 12) == 0
+
