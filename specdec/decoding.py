@@ -440,9 +440,9 @@ def speculative_generate(model, draft, tokenizer, prompt, max_tokens: int, *, nu
         with step("verify"):
             verdicts = {}  # per row: the accepted drafts (their indices), the target's token, the chain's share
             if parents is not None:
-                tokens = drafted[0]
-                logits = model.forward_tree([ids[0][-1]] + tokens, [-1] + [p + 1 for p in parents])
-                path, token = tree_accept(tokens, parents, logits, params, gens[0])
+                nodes = drafted[0]
+                logits = model.forward_tree([ids[0][-1]] + nodes, [-1] + [p + 1 for p in parents])
+                path, token = tree_accept(nodes, parents, logits, params, gens[0])
                 n_acc = next((i for i, node in enumerate(path) if node != i or i == chain[0]), len(path))
                 if n_acc < len(path):  # it left the chain: lay the path out in order, as a chain
                     model.keep_path(len(ids[0]) - 1, [0] + [i + 1 for i in path])

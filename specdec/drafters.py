@@ -17,8 +17,9 @@ for B rows at once (a batch; B = 1 for one prompt), each with its own state:
 A model-free drafter with `tree_size` > 0 also proposes trees, which engines that verify
 trees (the native one) check in one pass, for one prompt at a time:
 
-    drafter.propose_tree(ids, k, source=None, row=0) -> (tokens, parents): the chain `propose`
-                                            would give, then other continuations hung on it
+    drafter.propose_tree(ids, k, source=None, row=0, size=0, depth=None) -> (tokens, parents, n):
+                                            the chain of n `propose` would give, then other
+                                            continuations hung on it, up to `size` nodes
 """
 from __future__ import annotations
 
@@ -40,6 +41,7 @@ class Drafter:
     tokenizer = None
     max_context: int | None = None  # positions a draft model can hold (it limits only the draft); None: no limit
     batches = True  # can draft for a batch of rows (a model draft needs an engine that batches)
+    tree_size = 0  # drafted nodes a tree may hold; 0: chains only
 
     def __init__(self):
         self.calls = 0
@@ -76,8 +78,6 @@ class Drafter:
 
     def commit(self, ids: list[int], row: int = 0) -> None:
         pass
-
-    tree_size = 0  # drafted nodes a tree may hold; 0: chains only
 
     def propose_tree(self, ids: list[int], k: int, source: str | None = None, row: int = 0, size: int = 0,
                      depth: int | None = None):

@@ -73,7 +73,7 @@ class AdaptiveK:
     PRIOR = 0.5  # p_1 before any observation
     PRIOR_WEIGHT = 2.0  # pseudo-observations behind the prior (p_{i-1} for p_i); they decay like real ones
     PROBE_COST = 0.1  # a probe's extra cost, in plain passes, up to which probe_every holds as it is
-    TREE_YIELD, TREE_WEIGHT = 0.1, 8.0  # tokens an extra tree node adds, before any is measured; its weight in nodes
+    TREE_YIELD, TREE_WEIGHT = 0.03, 8.0  # tokens an extra tree node adds, before any is measured; its weight in nodes
 
     def __init__(self, k_max: int = K_MAX, decay: float = 0.95, probe_every: int = 8, max_probe_every: int = 128):
         if k_max < 1:
