@@ -167,7 +167,11 @@ def test_caches_consistent_every_tree_step(tiny_target, temperature, k, monkeypa
     from specdec import CompositeDrafter, NgramDrafter, generate
     from test_cache import checked_speculative
 
+    from specdec.schedule import AdaptiveK
+
     seen = counting_tree_accept(monkeypatch)
+    # auto grows a tree where its nodes have paid: here, taken to pay from the start
+    monkeypatch.setattr(AdaptiveK, "TREE_YIELD", 1.0)
     store = own_store(tiny_target)
     for seed in (3, 4, 5):
         drafter = CompositeDrafter(lookup=NgramDrafter(), datastore=store, tree_size=8)
@@ -176,7 +180,7 @@ def test_caches_consistent_every_tree_step(tiny_target, temperature, k, monkeypa
         if temperature == 0:
             assert res.token_ids == generate(tiny_target, None, PROMPT, 40).token_ids
     assert seen["steps"] > 5, seen  # trees verified
-    if k != "auto":  # (auto hangs siblings on a chain only where they pay)
+    if k != "auto":  # (few steps branch under auto: off-chain acceptance is not sure to come)
         assert seen["off_chain"] > 0, seen  # and siblings accepted
 
 
