@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import kernel
+from .cache import KVCache
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
@@ -117,42 +118,6 @@ class RMSNorm(nn.Module):
         xf = x.float()
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * xf.to(x.dtype)
-
-
-class KVCache:
-    """Preallocated keys/values for every layer and each of `batch` sequences, each valid up
-    to its own length.
-
-    Position p of sequence b lives at index [:, b, :, p], so the cache never moves data:
-    appending writes a slice, rolling back lowers a length.
-    """
-
-    def __init__(self, cfg: LlamaConfig, capacity: int, dtype: torch.dtype, device, batch: int = 1):
-        shape = (cfg.num_layers, batch, cfg.num_kv_heads, capacity, cfg.head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
-        self.lengths = [0] * batch
-
-    @property
-    def capacity(self) -> int:
-        return self.k.shape[3]
-
-    @property
-    def batch(self) -> int:
-        return self.k.shape[1]
-
-    def keep(self, b: int, start: int, rows: list[int]) -> None:
-        """After a tree: sequence b's slots start + rows[j] move to start + j (rows ascending),
-        so that a path through the tree lies in position order, as a chain would."""
-        src = torch.tensor(rows, device=self.k.device) + start
-        for t in (self.k, self.v):
-            t[:, b, :, start:start + len(rows)] = t[:, b, :, src]
-
-    def row(self, b: int) -> "KVCache":
-        """Sequence b as a cache of batch 1: views of the same tensors."""
-        view = KVCache.__new__(KVCache)
-        view.k, view.v, view.lengths = self.k[:, b:b + 1], self.v[:, b:b + 1], [self.lengths[b]]
-        return view
 
 
 class Attention(nn.Module):
@@ -256,10 +221,7 @@ class Llama(nn.Module):
         if len(blocks) != cache.batch:
             raise ValueError(f"{len(blocks)} blocks for a cache of {cache.batch} sequences")
         for b, tokens in enumerate(blocks):
-            if (n := cache.lengths[b] + tokens.shape[0]) > cache.capacity:
-                raise ValueError(f"KV cache overflow: {n} positions > capacity {cache.capacity}")
-            if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= self.cfg.vocab_size):
-                raise IndexError(f"token ids must be in [0, {self.cfg.vocab_size})")
+            self._check_block(tokens, cache, b)
         out: list[torch.Tensor | None] = [None] * len(blocks)
         lib = kernel.library() if kernel.supports(self) else None
         rows = None if head is None else head[1]  # the logits below are of these rows, scattered at the end
@@ -279,26 +241,27 @@ class Llama(nn.Module):
     @torch.inference_mode()
     def forward_tree(self, tokens: torch.Tensor, parents: list[int], cache: KVCache,
                      head: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
-        """Append a tree of tokens to the cache's one sequence: tokens[i] is a child of
-        tokens[parents[i]] (parents[0] = -1: the root follows the cached positions), at slot
-        n + i and position n + its depth (n cached). Each row attends to the cache and to its
-        own ancestors; its logits are those of its path run as a chain (on the kernel, bit for
-        bit). The cache's length grows by T; `KVCache.keep` then lays a path out in order."""
-        T = tokens.shape[0]
+        """Append a tree to the cache's one sequence: tokens[i] follows tokens[parents[i]]
+        (parents[0] = -1: the cached positions), at slot n + i and position n + its depth (n
+        cached), attending to the cache and its own ancestors; its logits are its path's as a
+        chain (on the kernel, bit for bit). The length grows by T; `KVCache.keep` lays a path out."""
         if cache.batch != 1:
             raise ValueError(f"a tree runs on one sequence; this cache holds {cache.batch}")
-        if (n := cache.lengths[0] + T) > cache.capacity:
-            raise ValueError(f"KV cache overflow: {n} positions > capacity {cache.capacity}")
-        if T and (int(tokens.min()) < 0 or int(tokens.max()) >= self.cfg.vocab_size):
-            raise IndexError(f"token ids must be in [0, {self.cfg.vocab_size})")
+        self._check_block(tokens, cache, 0)
         lib = kernel.library() if kernel.supports(self) else None
         rows = None if head is None else head[1]
-        if lib is not None and 0 < T <= kernel.MAX_ROWS:
+        if lib is not None and 0 < tokens.shape[0] <= kernel.MAX_ROWS:
             out = kernel.run_tree(lib, self, tokens, parents, cache, rows)
         else:
             out = self._forward_torch(tokens, cache, cache.lengths[0], False, rows, parents)
-        cache.lengths[0] += T
+        cache.lengths[0] += tokens.shape[0]
         return out if head is None else self._scatter_head(out, head[0])
+
+    def _check_block(self, tokens: torch.Tensor, cache: KVCache, b: int) -> None:
+        if (n := cache.lengths[b] + tokens.shape[0]) > cache.capacity:
+            raise ValueError(f"KV cache overflow: {n} positions > capacity {cache.capacity}")
+        if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= self.cfg.vocab_size):
+            raise IndexError(f"token ids must be in [0, {self.cfg.vocab_size})")
 
     def _scatter_head(self, logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         full = torch.full((logits.shape[0], self.cfg.vocab_size), -math.inf, device=logits.device)
@@ -311,12 +274,12 @@ class Llama(nn.Module):
             return torch.empty((0, self.cfg.vocab_size if rows is None else rows.shape[0]), device=tokens.device)
         x = self.model.embed_tokens(tokens)[None]
         # Positions are absolute token indices: the cache length is the next position (in a
-        # tree, the first row's plus the row's depth).
+        # tree, plus the row's depth). Row i sees slots start..start+i, in a tree its ancestors'.
         depth = torch.arange(T, device=tokens.device)
-        seen = torch.ones(T, T, dtype=torch.bool, device=tokens.device).tril()  # row i sees slots start..start+i
+        seen = torch.ones(T, T, dtype=torch.bool, device=tokens.device).tril()
         if parents is not None:
             seen = torch.eye(T, dtype=torch.bool, device=tokens.device)
-            for i, parent in enumerate(parents[1:], 1):  # and its ancestors' slots, in a tree
+            for i, parent in enumerate(parents[1:], 1):
                 depth[i] = depth[parent] + 1
                 seen[i] |= seen[parent]
         pos = (start + depth).to(torch.float32)

@@ -1,0 +1,44 @@
+"""The native engine's KV cache: preallocated, written by position (and, for a tree, by slot).
+
+Rolling back a rejected speculation lowers a length; after a tree, `keep` copies the accepted
+path's slots into position order, so the cache is again what a chain would have left.
+"""
+from __future__ import annotations
+
+import torch
+
+
+class KVCache:
+    """Preallocated keys/values for every layer and each of `batch` sequences, each valid up
+    to its own length.
+
+    Position p of sequence b lives at index [:, b, :, p], so the cache never moves data:
+    appending writes a slice, rolling back lowers a length.
+    """
+
+    def __init__(self, cfg, capacity: int, dtype: torch.dtype, device, batch: int = 1):
+        shape = (cfg.num_layers, batch, cfg.num_kv_heads, capacity, cfg.head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.lengths = [0] * batch
+
+    @property
+    def capacity(self) -> int:
+        return self.k.shape[3]
+
+    @property
+    def batch(self) -> int:
+        return self.k.shape[1]
+
+    def keep(self, b: int, start: int, rows: list[int]) -> None:
+        """After a tree: sequence b's slots start + rows[j] move to start + j (rows ascending),
+        so that a path through the tree lies in position order, as a chain would."""
+        src = torch.tensor(rows, device=self.k.device) + start
+        for t in (self.k, self.v):
+            t[:, b, :, start:start + len(rows)] = t[:, b, :, src]
+
+    def row(self, b: int) -> "KVCache":
+        """Sequence b as a cache of batch 1: views of the same tensors."""
+        view = KVCache.__new__(KVCache)
+        view.k, view.v, view.lengths = self.k[:, b:b + 1], self.v[:, b:b + 1], [self.lengths[b]]
+        return view
