@@ -1,5 +1,5 @@
 """The native engine's fast path: one C++ call per decoding pass of blocks of up to 32 tokens,
-of one sequence or of a batch (kernel.cpp).
+of one sequence or of a batch, or of a tree of candidates (kernel.cpp).
 
 Plain decoding and speculative verification both run passes of a few tokens, and on a CPU
 those are memory-bound: the pass should cost the time it takes to read the weights once.
