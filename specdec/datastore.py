@@ -89,13 +89,17 @@ class Datastore:
                 return n, lo, hi
         return None
 
+    def voters(self, found: tuple[int, int, int]) -> np.ndarray:
+        """Where the continuations of a match's occurrences start, up to MAX_HITS of them. The
+        occurrences sit in the order of what follows them, so the first MAX_HITS would see only
+        the smallest continuations: the voters are spread evenly over the range."""
+        n, lo, hi = found
+        return self.order[np.linspace(lo, hi - 1, min(hi - lo, MAX_HITS)).astype(np.int64)] + n
+
     def continuation(self, found: tuple[int, int, int], k: int) -> list[int]:
         """Up to k tokens after a match, each the one most of the occurrences still agreeing
         with the proposal so far write next (ties: the smaller id)."""
-        n, lo, hi = found
-        # The occurrences sit in the order of what follows them, so the first MAX_HITS would
-        # see only the smallest continuations: vote over hits spread evenly over the range.
-        at = self.order[np.linspace(lo, hi - 1, min(hi - lo, MAX_HITS)).astype(np.int64)] + n
+        at = self.voters(found)
         out = []
         for _ in range(k):
             nxt = self.tokens[at]  # the gap after each sequence keeps `at` inside the array
@@ -121,8 +125,7 @@ class Datastore:
         level = {-1: 0}  # a node's depth (the context's 0)
         for i, p in enumerate(parents):
             level[i] = level[p] + 1
-        n, lo, hi = found
-        at = self.order[np.linspace(lo, hi - 1, min(hi - lo, MAX_HITS)).astype(np.int64)] + n
+        at = self.voters(found)
         heap, tick = [], 0
 
         def push(node, where):  # the continuations of `where` (positions after node's path)

@@ -467,8 +467,8 @@ def speculative_generate(model, draft, tokenizer, prompt, max_tokens: int, *, nu
             outcomes.append((src, chain[b], n_acc))
         if schedule:
             schedule.update_batch(outcomes, step.elapsed.get("draft", 0.0) - setup, step.elapsed["verify"],
-                                  rows=1 + len(drafted[0]) if trees else None)
-            if trees and asks:
+                                  rows=1 + len(drafted[0]) if parents is not None else None)
+            if parents is not None:
                 schedule.update_tree(len(drafted[0]) - chain[0], len(verdicts[0][0]) - verdicts[0][2])
         # Roll back rejected drafts (and anything after an EOS): each row's cache keeps its
         # accepted sequence minus its pending last token.

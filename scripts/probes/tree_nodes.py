@@ -22,7 +22,6 @@ from tqdm import tqdm
 
 import specdec
 from specdec.bench.suite import load_suite, render
-from specdec.datastore import MAX_HITS
 from specdec.drafters import find_match
 
 HELDOUT = "specdec/bench/prompts/heldout-specbench-v1.jsonl"
@@ -31,8 +30,7 @@ HELDOUT = "specdec/bench/prompts/heldout-specbench-v1.jsonl"
 def share_of(store, found, path: list[int]) -> float:
     """The share of the match's voting occurrences (as Datastore.tree samples them) that
     continue with `path`."""
-    n, lo, hi = found
-    at = store.order[np.linspace(lo, hi - 1, min(hi - lo, MAX_HITS)).astype(np.int64)] + n
+    at = store.voters(found)
     ok = np.ones(len(at), dtype=bool)
     for j, t in enumerate(path):
         ok &= store.tokens[np.minimum(at + j, len(store.tokens) - 1)] == t

@@ -208,6 +208,19 @@ def passes(seqs: list[int], sizes: list[int]) -> list[list[int]]:
     return groups
 
 
+def prepare(module, cache, head_rows: torch.Tensor | None) -> tuple[Plan, torch.Tensor, torch.Tensor]:
+    """A pass's plan, its head rows (checked) and its shape arguments (kept in the plan)."""
+    plan = plan_for(module)
+    head = plan.head if head_rows is None else head_rows
+    if head.dtype != torch.bfloat16 or not head.is_contiguous() or cache.k.dtype != torch.bfloat16:
+        raise ValueError("the kernel runs on contiguous bf16 head rows and a bf16 cache")
+    key = (cache.capacity, head.shape[0], cache.batch)
+    cfg = plan.cfgs.get(key)
+    if cfg is None:
+        cfg = plan.cfgs[key] = torch.tensor(plan.dims + list(key), dtype=torch.int64)
+    return plan, head, cfg
+
+
 def tree_rows(parents: list[int], start: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """A tree's rows as the kernel takes them: row i at slot start + i, at position start +
     its depth; positions, and each row's path (kernel.cpp's path_off and path): -1 for a row
@@ -234,16 +247,12 @@ def run_tree(lib, module, tokens: torch.Tensor, parents: list[int], cache, head_
     """One kernel pass over a tree of tokens appended to the cache's one sequence: row i at
     slot n + i (n cached), attending to the cache and its own ancestors; logits [T, head rows],
     row i exactly the one-token pass at the end of its path. Does not move the cache's length."""
-    plan = plan_for(module)
-    head = plan.head if head_rows is None else head_rows
-    if head.dtype != torch.bfloat16 or not head.is_contiguous() or cache.k.dtype != torch.bfloat16:
-        raise ValueError("the kernel runs on contiguous bf16 head rows and a bf16 cache")
+    plan, head, cfg = prepare(module, cache, head_rows)
     tokens = tokens.contiguous()
     n = tokens.shape[0]
     pos, offs, path = tree_rows(parents, cache.lengths[0])
     seq = torch.zeros(n, dtype=torch.int64)
     out = plan.rows[:n]
-    cfg = torch.tensor(plan.dims + [cache.capacity, head.shape[0], cache.batch], dtype=torch.int64)
     logits = torch.empty((n, head.shape[0]), dtype=torch.float32)
     rc = lib.specdec_pass_tree(cfg.data_ptr(), plan.eps, plan.inv_freq.data_ptr(), plan.layer_ptrs.data_ptr(),
                                plan.embed, plan.final_norm, head.data_ptr(), cache.k.data_ptr(), cache.v.data_ptr(),
@@ -262,10 +271,7 @@ def run(lib, module, blocks: list[torch.Tensor], seqs: list[int], cache, last_on
     Few lines on purpose: they run after the pass has streamed the weights through the
     caches, so each costs microseconds cold (docs/kernels.md, "What a pass costs around the
     kernel"); what does not change from pass to pass is kept in the plan."""
-    plan = plan_for(module)
-    head = plan.head if head_rows is None else head_rows
-    if head.dtype != torch.bfloat16 or not head.is_contiguous() or cache.k.dtype != torch.bfloat16:
-        raise ValueError("the kernel runs on contiguous bf16 head rows and a bf16 cache")
+    plan, head, cfg = prepare(module, cache, head_rows)
     if len(blocks) == 1:  # one sequence's block: plain decoding and verification
         tokens, b = blocks[0].contiguous(), seqs[0]
         n = tokens.shape[0]
@@ -279,10 +285,6 @@ def run(lib, module, blocks: list[torch.Tensor], seqs: list[int], cache, last_on
         pos = torch.tensor([cache.lengths[b] + i for b, n in zip(seqs, sizes) for i in range(n)], dtype=torch.int64)
         ends = torch.tensor(sizes).cumsum(0)
         out = (ends - 1) if last_only else plan.rows[:int(ends[-1])]
-    key = (cache.capacity, head.shape[0], cache.batch)
-    cfg = plan.cfgs.get(key)
-    if cfg is None:
-        cfg = plan.cfgs[key] = torch.tensor(plan.dims + list(key), dtype=torch.int64)
     logits = torch.empty((out.shape[0], head.shape[0]), dtype=torch.float32)
     rc = lib.specdec_pass(cfg.data_ptr(), plan.eps, plan.inv_freq.data_ptr(), plan.layer_ptrs.data_ptr(),
                           plan.embed, plan.final_norm, head.data_ptr(), cache.k.data_ptr(), cache.v.data_ptr(),
