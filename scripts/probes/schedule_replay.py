@@ -8,6 +8,15 @@ prompt for the end-to-end figures, as its "With a perfect schedule" table). Seco
 a schedule change can be tried on either engine's costs before it is timed.
 
     python3 scripts/probes/schedule_replay.py bench-runs/oracle-native/report.json [--k-max 15]
+        [--split 0.5 0.8] [--lookup-max 32] [--head /tmp/hs/head.pt --head-cut 0.1 0.2
+        --calibration /tmp/hs/suite-rows.json]
+
+The options add schedules that tell `auto` more at each step (docs/benchmark.md, "Route: the
+target's hidden state as a judge"): each source split by the target's probability of the bonus
+token (--split), prompt lookup matching up to --lookup-max tokens in bands of match length,
+each source split by what the hidden-state head of hidden_scorer.py gives its first proposal
+(--head-cut), and p_1 told each step by that head, calibrated by logistic regression on
+another prompt set (--calibration, from `hidden_scorer.py replay --dump`).
 
 The target's output is the native engine's (on llama.cpp it parts from it at ties only).
 """
@@ -28,6 +37,8 @@ from specdec.bench.suite import load_suite, render
 from specdec.sampling import SamplingParams
 from specdec.schedule import AdaptiveK, SourceStats
 
+from hidden_scorer import Head, hidden_states
+
 GREEDY = SamplingParams(temperature=0.0)
 
 
@@ -41,9 +52,42 @@ def offers(drafter, prompt_ids, output, k_max):
         here = []
         for name in drafter.sources(ids):
             proposal, _ = drafter.propose_rows({0: (ids, k_max, name)}, GREEDY, {0: None}).get(0, ([], None))
-            here.append((name, len(proposal), agreeing(proposal, output[t:])))
+            here.append((name, len(proposal), agreeing(proposal, output[t:]), proposal[0] if proposal else None))
         steps.append(here)
     return steps
+
+
+def chosen_probability(target, prompt_ids, output) -> list[float]:
+    """The target's probability of each output token where it chose it (greedy: its top one),
+    which the loop holds after the pass that chose it at no cost."""
+    seq = list(prompt_ids) + list(output)
+    target.reset(len(seq))
+    logits = target.forward(seq)[len(prompt_ids) - 1: -1]
+    return torch.softmax(logits.float(), -1).gather(1, torch.tensor(output)[:, None])[:, 0].tolist()
+
+
+def split(steps, sure: list[float], cuts) -> list:
+    """The same offers, each source split by the target's probability of the step's last
+    token (the bonus token the drafts follow): one source per bucket between `cuts`."""
+    return [[(f"{name}@{sum(sure[t - 1] >= c for c in cuts)}", n, acc) for name, n, acc, _ in here] if t else here
+            for t, here in enumerate(steps)]
+
+
+def head_scores(target, head, prompt_ids, output) -> torch.Tensor:
+    """log p of every token at each step t >= 1, by the hidden-state head (hidden_scorer.py) from
+    the target's last hidden state before the bonus token output[t-1] and that token."""
+    seq = list(prompt_ids) + list(output)
+    h, _ = hidden_states(target.module, seq, logits=False)
+    at = torch.arange(len(prompt_ids) - 1, len(seq) - 1)  # the row before each output token
+    with torch.no_grad():
+        return torch.log_softmax(head(h[at], torch.tensor(output)), -1)  # row t-1: step t's first draft
+
+
+def split_by_head(steps, scores, cut: float) -> list:
+    """The same offers, each source split by whether the head gives its first proposal at
+    least `cut` probability ("+") or not ("-")."""
+    return [[(f"{name}{'+' if first is not None and scores[t - 1, first].exp() >= cut else '-'}", n, acc, first)
+             for name, n, acc, first in here] if t else here for t, here in enumerate(steps)]
 
 
 def play(schedule: AdaptiveK, steps, cost, t1: float, kinds: Counter | None = None) -> float:
@@ -52,7 +96,9 @@ def play(schedule: AdaptiveK, steps, cost, t1: float, kinds: Counter | None = No
     the table (what the best offered source would have had accepted beyond what was)."""
     n, t, units = len(steps), 1, 0.0
     while t < n:
-        offered = {name: (length, acc) for name, length, acc in steps[t]}
+        offered = {name: (length, acc) for name, length, acc, *_ in steps[t]}
+        if isinstance(schedule, Hinted):
+            schedule.hint = steps.hints[t]
         source, k = schedule.choose(tuple(offered))
         k = min(k, n - t - 1)  # drafts past the end could never be kept
         drafted, accepted = (min(k, offered[source][0]), min(k, offered[source][1])) if k and source else (0, 0)
@@ -69,6 +115,68 @@ def play(schedule: AdaptiveK, steps, cost, t1: float, kinds: Counter | None = No
         schedule.update(drafted, accepted, 0.0, cost[drafted + 1] * t1, source)
         t += accepted + 1
     return units
+
+
+class LongLookup(NgramDrafter):
+    """Prompt lookup matching up to `max_ngram` tokens, its sources the match length up to 3,
+    then bands of longer ones: a copy that has run long is a better bet than a 3-token match."""
+    BANDS = (4, 8, 16)
+
+    def sources(self, ids, row=0):
+        match = self._match(ids, row)
+        if not match:
+            return ()
+        n = match[1]
+        return (f"lookup{n}" if n < self.BANDS[0] else f"lookup{max(b for b in self.BANDS if b <= n)}+",)
+
+
+def features(family: str, n: int, head_logp: float) -> np.ndarray:
+    return np.array([1.0, head_logp, family == "store", n, (family == "store") * head_logp])
+
+
+def fit_calibration(path) -> np.ndarray:
+    """Logistic weights for P(first proposal right | source, match length, the head's log p of
+    it), fitted by Newton's method to hidden_scorer.py's --dump of another prompt set."""
+    rows = json.loads(open(path).read())
+    X = np.stack([features(r["src"], r["n"], r["head"]) for r in rows])
+    y = np.array([r["first"] for r in rows], float)
+    w = np.zeros(X.shape[1])
+    for _ in range(25):
+        p = 1 / (1 + np.exp(-X @ w))
+        g = X.T @ (p - y)
+        H = X.T @ (X * (p * (1 - p))[:, None]) + 1e-6 * np.eye(len(w))
+        w -= np.linalg.solve(H, g)
+    return w
+
+
+class Hinted(AdaptiveK):
+    """auto, with the first draft's acceptance for this step told by the calibrated head
+    instead of the source's learned p_1 (later positions as learned)."""
+    hint: dict = {}
+
+    def acceptance(self, source="model"):
+        p = super().acceptance(source)
+        if source in self.hint:
+            p = [self.hint[source]] + p[1:]
+        return p
+
+
+def hints(steps, scores, w) -> list[dict]:
+    out = [{}]
+    for t, here in enumerate(steps[1:], 1):
+        h = {}
+        for name, n, acc, first in here:
+            if first is not None:
+                family = name.rstrip("0123456789")
+                h[name] = float(1 / (1 + np.exp(-features(family, int(name[len(family):] or 0),
+                                                           float(scores[t - 1, first])) @ w)))
+        out.append(h)
+    return out
+
+
+class Offers(list):
+    """A call's offers, knowing its prompt."""
+    prompt = None
 
 
 class FirstTry(AdaptiveK):
@@ -117,6 +225,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("report")
     ap.add_argument("--k-max", type=int, default=16, help="auto's most drafts a step (15 on the AMX kernel)")
+    ap.add_argument("--split", nargs="*", default=[], metavar="CUTS",
+                    help="also auto with each source split by the target's p(b) at these cuts, e.g. 0.5 0.5,0.9")
+    ap.add_argument("--lookup-max", type=int, default=0,
+                    help="also auto with prompt lookup matching up to this many tokens (LongLookup)")
+    ap.add_argument("--head", help="the hidden-state head hidden_scorer.py trained (head.pt): split sources by it")
+    ap.add_argument("--head-cut", nargs="*", type=float, default=[0.1, 0.2, 0.3])
+    ap.add_argument("--calibration", help="hidden_scorer.py replay --dump of another prompt set: p_1 from the head")
     args = ap.parse_args()
     torch.set_num_threads(2)
     report = json.loads(open(args.report).read())
@@ -131,15 +246,24 @@ def main() -> None:
     store = specdec.load_datastore("smollm2-135m-instruct")
     prompts = load_suite(report["config"]["prompts"])
     render(prompts, target, target.tokenizer)
-    calls = []
+    calls, sure, long_offers, scored = [], {}, {}, {}
+    if args.head:
+        head = Head(target.module)
+        head.w.load_state_dict(torch.load(args.head))
     for p in prompts:
         out = specdec.generate(target, None, p.ids, report["config"]["max_tokens"]).token_ids
         calls.append((p, offers(CompositeDrafter(lookup=NgramDrafter(), datastore=store), p.ids, out, args.k_max)))
+        sure[p.id] = chosen_probability(target, p.ids, out)
+        if args.head:
+            scored[p.id] = head_scores(target, head, p.ids, out)
+        if args.lookup_max:
+            long_offers[p.id] = offers(CompositeDrafter(lookup=LongLookup(args.lookup_max), datastore=store),
+                                       p.ids, out, args.k_max)
 
     def perfect(steps):
         runs = defaultdict(lambda: [0] * len(steps))
         for t, here in enumerate(steps):
-            for name, _, acc in here:
+            for name, _, acc, *_ in here:
                 family = name.rstrip("0123456789")
                 runs[family][t] = max(runs[family][t], min(acc, args.k_max))
         return fewest_units(dict(runs) or {"none": [0] * len(steps)}, cost, defaultdict(float))
@@ -161,9 +285,26 @@ def main() -> None:
         "auto, a sibling's prior": lambda steps: play(FamilyPrior(args.k_max), steps, cost, t1),
         "perfect": perfect,
     }
+    for cuts in args.split:
+        schedules[f"auto, split at p(b) {cuts}"] = lambda steps, cuts=tuple(map(float, cuts.split(","))): play(
+            AdaptiveK(args.k_max), split(steps, sure[steps.prompt], cuts), cost, t1)
+    if args.lookup_max:
+        schedules[f"auto, lookup up to {args.lookup_max} tokens, banded"] = lambda steps: play(
+            AdaptiveK(args.k_max), long_offers[steps.prompt], cost, t1)
+    for cut in args.head_cut if args.head else []:
+        schedules[f"auto, split by the head at {cut}"] = lambda steps, cut=cut: play(
+            AdaptiveK(args.k_max), split_by_head(steps, scored[steps.prompt], cut), cost, t1)
+    if args.calibration:
+        w = fit_calibration(args.calibration)
+        print("calibration weights (1, head log p, store, n, store x head log p):", np.round(w, 3))
+        schedules["auto, p_1 from the calibrated head"] = lambda steps: play(Hinted(args.k_max), steps, cost, t1)
     ratios = defaultdict(list)
     for p, steps in calls:  # in the suite's order: what a carried schedule learned comes from earlier prompts
         seconds, prefill = plain[p.id]
+        steps = Offers(steps)
+        steps.prompt = p.id
+        if args.calibration:
+            steps.hints = hints(steps, scored[p.id], w)
         for name, units_of in schedules.items():
             r = (len(steps) - 1) / units_of(steps)
             ratio = seconds / (prefill + (seconds - prefill) / r)
