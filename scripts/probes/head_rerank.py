@@ -29,6 +29,7 @@ from specdec import CompositeDrafter, NgramDrafter, generate, speculative_genera
 from specdec.bench.suite import load_suite, render
 
 HELDOUT = "specdec/bench/prompts/heldout-specbench-v1.jsonl"
+HEAD_TOKENS = "specdec/assets/smollm2-135m-instruct-draft/head_tokens.json"  # the shipped draft's 8,192
 
 
 class HeadedTarget:
@@ -57,12 +58,15 @@ class RerankDrafter(CompositeDrafter):
     """The default drafter (lookup, else the store) whose first token is the one the head
     likes best among lookup's and the store's first tokens."""
 
-    def __init__(self, store, headed: HeadedTarget, state: dict, store_only: bool = False):
+    def __init__(self, store, headed: HeadedTarget, state: dict, store_only: bool = False, head_alone: bool = False):
         super().__init__(lookup=NgramDrafter(), datastore=store)
         D = headed.module.cfg.hidden_size
         self.headed, self.w_e, self.c = headed, state["weight"][:, D:].float(), state["bias"].float()
         self.embed, self.lm_head = headed.module.model.embed_tokens.weight, headed.module.lm_head.weight
-        self.changed, self.store_only = 0, store_only
+        self.changed, self.store_only, self.head_alone = 0, store_only, head_alone
+        import json
+        self.vocab = torch.tensor(json.loads(open(HEAD_TOKENS).read())["token_ids"])
+        self.vocab_rows = self.lm_head[self.vocab].float()
 
     def chain(self, ids, k):
         match = self.lookup._search(ids)
@@ -71,9 +75,27 @@ class RerankDrafter(CompositeDrafter):
         found = self.store.store.match(ids)
         return self.store.store.continuation(found, k) if found else []
 
+    def sources(self, ids, row=0):
+        """Where neither lookup nor the store has anything, the head's own token (--head-alone)."""
+        found = super().sources(ids, row)
+        if not found and self.head_alone and self.headed.at.get(len(ids) - 2) is not None:
+            return ("head",)
+        return found
+
+    def z(self, ids):
+        logits, wh = self.headed.at[len(ids) - 2]
+        return logits, F.silu(wh + self.w_e @ self.embed[ids[-1]].float() + self.c)
+
     def propose_rows(self, requests, params, generators):
-        out = super().propose_rows(requests, params, generators)
+        alone = {b: r for b, r in requests.items() if r[2] == "head"}
+        out = super().propose_rows({b: r for b, r in requests.items() if b not in alone}, params, generators)
+        for b, (ids, k, _) in alone.items():  # the head's best among the draft's head tokens
+            logits, z = self.z(ids)
+            best = int(self.vocab[int((logits[self.vocab] + self.vocab_rows @ z).argmax())])
+            out[b] = ([best] + self.chain(ids + [best], k - 1))[:k], None
         for b, (ids, k, src) in requests.items():
+            if b in alone:
+                continue
             chain = out.get(b, ([], None))[0]
             got = self.headed.at.get(len(ids) - 2)
             found = self.store._match(ids, b)
@@ -84,8 +106,7 @@ class RerankDrafter(CompositeDrafter):
             cands = torch.tensor(sorted({chain[0], *np.unique(nxt[nxt != store.gap]).tolist()}))
             if len(cands) == 1:
                 continue
-            logits, wh = got
-            z = F.silu(wh + self.w_e @ self.embed[ids[-1]].float() + self.c)
+            logits, z = self.z(ids)
             score = logits[cands] + (self.lm_head[cands].float() @ z)
             best = int(cands[int(score.argmax())])
             if best != chain[0]:
@@ -100,6 +121,8 @@ def main() -> None:
     ap.add_argument("--trials", type=int, default=2)
     ap.add_argument("--prompts", default=HELDOUT)
     ap.add_argument("--store-only", action="store_true", help="choose only where `auto` chose the store, not lookup")
+    ap.add_argument("--head-alone", action="store_true",
+                    help="where neither source has anything, draft the head's own token (a source of its own)")
     ap.add_argument("--max-tokens", type=int, default=96)
     args = ap.parse_args()
     torch.set_num_threads(2)
@@ -109,7 +132,7 @@ def main() -> None:
     state = torch.load(args.head)
     headed = HeadedTarget(headed_target, state["weight"])
     headed_target.forward = headed.forward
-    rerank = RerankDrafter(store, headed, state, store_only=args.store_only)
+    rerank = RerankDrafter(store, headed, state, store_only=args.store_only, head_alone=args.head_alone)
     prompts = load_suite(args.prompts)
     render(prompts, target, target.tokenizer)
     n = args.max_tokens

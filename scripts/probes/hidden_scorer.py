@@ -188,6 +188,11 @@ RULES = {
     "the default's unless the head prefers its own by 1": lambda ids, store, score: rerank(ids, store, score, 1.0),
     "the default's unless the head prefers its own by 2": lambda ids, store, score: rerank(ids, store, score, 2.0),
     "the store's candidate the head likes best": store_candidates,
+    "the default's, else (nothing offered) the head's token and the default's after it":
+        lambda ids, store, score: default_chain(ids, store) or head_then_store(ids, store, int(score.argmax())),
+    "the store's candidate it likes best, else the head's token": lambda ids, store, score: (
+        store_candidates(ids, store, score) if default_chain(ids, store) else
+        head_then_store(ids, store, int(score.argmax()))),
     "a tree: the two candidates it likes best, each with its chain": lambda ids, store, score: store_candidates(
         ids, store, score, branches=2),
     "a tree: the three it likes best": lambda ids, store, score: store_candidates(ids, store, score, branches=3),
