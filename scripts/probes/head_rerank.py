@@ -12,7 +12,10 @@ the one with the best score, and the default's chain after it (lookup, else the 
 Interleaved with the shipped default on the 26 held-out prompts, `auto` for both, greedy (the
 outputs must be plain greedy's), paired per prompt.
 
-    python3 scripts/probes/head_rerank.py --head /tmp/hs/head.pt [--trials 2] [--max-tokens 96]
+    python3 scripts/probes/head_rerank.py --head /tmp/hs/head.pt [--store-only] [--head-alone] [--trials 2]
+
+--store-only chooses only where `auto` chose the store (not over lookup's copies); --head-alone
+adds the head's own token as a source where neither lookup nor the store has anything.
 """
 from __future__ import annotations
 
