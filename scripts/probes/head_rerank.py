@@ -20,6 +20,7 @@ adds the head's own token as a source where neither lookup nor the store has any
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 
 import numpy as np
@@ -59,7 +60,8 @@ class HeadedTarget:
 
 class RerankDrafter(CompositeDrafter):
     """The default drafter (lookup, else the store) whose first token is the one the head
-    likes best among lookup's and the store's first tokens."""
+    likes best among lookup's and the store's first tokens; with head_alone, the head's own
+    token where neither has anything."""
 
     def __init__(self, store, headed: HeadedTarget, state: dict, store_only: bool = False, head_alone: bool = False):
         super().__init__(lookup=NgramDrafter(), datastore=store)
@@ -67,7 +69,6 @@ class RerankDrafter(CompositeDrafter):
         self.headed, self.w_e, self.c = headed, state["weight"][:, D:].float(), state["bias"].float()
         self.embed, self.lm_head = headed.module.model.embed_tokens.weight, headed.module.lm_head.weight
         self.changed, self.store_only, self.head_alone = 0, store_only, head_alone
-        import json
         self.vocab = torch.tensor(json.loads(open(HEAD_TOKENS).read())["token_ids"])
         self.vocab_rows = self.lm_head[self.vocab].float()
 
