@@ -12,7 +12,7 @@ the one with the best score, and the default's chain after it (lookup, else the 
 Interleaved with the shipped default on the 26 held-out prompts, `auto` for both, greedy (the
 outputs must be plain greedy's), paired per prompt.
 
-    python3 scripts/probes/head_rerank.py --head /tmp/hs/head.pt [--store-only] [--head-alone] [--trials 2]
+    python3 scripts/probes/head_rerank.py --head /tmp/hs/head.safetensors [--store-only] [--head-alone] [--trials 2]
 
 --store-only chooses only where `auto` chose the store (not over lookup's copies); --head-alone
 adds the head's own token as a source where neither lookup nor the store has anything.
@@ -25,6 +25,7 @@ import statistics
 
 import numpy as np
 import torch
+from safetensors.torch import load_file
 import torch.nn.functional as F
 
 import specdec
@@ -133,7 +134,7 @@ def main() -> None:
     target = specdec.load_model("smollm2-135m-instruct")
     headed_target = specdec.load_model("smollm2-135m-instruct")  # its own cache; the same weights' values
     store = specdec.load_datastore("smollm2-135m-instruct")
-    state = torch.load(args.head)
+    state = load_file(args.head)
     headed = HeadedTarget(headed_target, state["weight"])
     headed_target.forward = headed.forward
     rerank = RerankDrafter(store, headed, state, store_only=args.store_only, head_alone=args.head_alone)

@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
 import specdec
@@ -87,8 +88,8 @@ def collect(args) -> None:
         S.append(torch.full((len(s),), i))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    torch.save({"h": H, "tokens": torch.cat(T), "seq": torch.cat(S)}, out / "hidden.pt")
-    print(f"{sum(map(len, seqs)):,} positions of {len(seqs)} sequences -> {out / 'hidden.pt'}")
+    save_file({"h": H, "tokens": torch.cat(T), "seq": torch.cat(S)}, out / "hidden.safetensors")
+    print(f"{sum(map(len, seqs)):,} positions of {len(seqs)} sequences -> {out / 'hidden.safetensors'}")
 
 
 def pairs(data, held: bool):
@@ -102,8 +103,7 @@ def pairs(data, held: bool):
 def train(args) -> None:
     torch.manual_seed(0)
     target = specdec.load_model("smollm2-135m-instruct")
-    data = torch.load(Path(args.data) / "hidden.pt")
-    data["h"] = data["h"].detach().requires_grad_(False)
+    data = load_file(Path(args.data) / "hidden.safetensors")
     h, b, y = pairs(data, False)
     vh, vb, vy = pairs(data, True)
     head = Head(target.module)
@@ -131,7 +131,7 @@ def train(args) -> None:
             bar.update()
             bar.set_postfix(loss=f"{loss.item():.3f}")
         print(f"epoch {epoch + 1}: held-out top-1 of the token two ahead {evaluate():.3f}")
-    torch.save(head.w.state_dict(), Path(args.data) / "head.pt")
+    save_file(head.w.state_dict(), Path(args.data) / "head.safetensors")
 
 
 def auc(scores, labels) -> float:
@@ -203,7 +203,7 @@ def replay(args) -> None:
     target = specdec.load_model("smollm2-135m-instruct")
     store = specdec.load_datastore("smollm2-135m-instruct")
     head = Head(target.module)
-    head.w.load_state_dict(torch.load(Path(args.data) / "head.pt"))
+    head.w.load_state_dict(load_file(Path(args.data) / "head.safetensors"))
     prompts = load_suite(args.prompts)
     render(prompts, target, target.tokenizer)
     rows = []  # one per step that a source proposed at

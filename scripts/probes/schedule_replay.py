@@ -8,7 +8,7 @@ prompt for the end-to-end figures, as its "With a perfect schedule" table). Seco
 a schedule change can be tried on either engine's costs before it is timed.
 
     python3 scripts/probes/schedule_replay.py bench-runs/oracle-native/report.json [--k-max 15]
-        [--split 0.5 0.8] [--lookup-max 32] [--head /tmp/hs/head.pt --head-cut 0.1 0.2
+        [--split 0.5 0.8] [--lookup-max 32] [--head /tmp/hs/head.safetensors --head-cut 0.1 0.2
         --calibration /tmp/hs/suite-rows.json]
 
 The options add schedules that tell `auto` more at each step (docs/benchmark.md, "Route: the
@@ -28,6 +28,7 @@ from collections import Counter, defaultdict
 
 import numpy as np
 import torch
+from safetensors.torch import load_file
 
 import specdec
 from specdec import CompositeDrafter, NgramDrafter
@@ -229,7 +230,7 @@ def main() -> None:
                     help="also auto with each source split by the target's p(b) at these cuts, e.g. 0.5 0.5,0.9")
     ap.add_argument("--lookup-max", type=int, default=0,
                     help="also auto with prompt lookup matching up to this many tokens (LongLookup)")
-    ap.add_argument("--head", help="the hidden-state head hidden_scorer.py trained (head.pt): split sources by it")
+    ap.add_argument("--head", help="the hidden-state head hidden_scorer.py trained (head.safetensors): split sources by it")
     ap.add_argument("--head-cut", nargs="*", type=float, default=[0.1, 0.2, 0.3])
     ap.add_argument("--calibration", help="hidden_scorer.py replay --dump of another prompt set: p_1 from the head")
     args = ap.parse_args()
@@ -249,7 +250,7 @@ def main() -> None:
     calls, sure, long_offers, scored = [], {}, {}, {}
     if args.head:
         head = Head(target.module)
-        head.w.load_state_dict(torch.load(args.head))
+        head.w.load_state_dict(load_file(args.head))
     for p in prompts:
         out = specdec.generate(target, None, p.ids, report["config"]["max_tokens"]).token_ids
         calls.append((p, offers(CompositeDrafter(lookup=NgramDrafter(), datastore=store), p.ids, out, args.k_max)))
