@@ -30,6 +30,7 @@ import torch.nn.functional as F
 
 import specdec
 from _interleave import interleaved, print_over_baseline
+from hidden_scorer import head_then_store
 from specdec import CompositeDrafter, NgramDrafter, generate, speculative_generate
 from specdec.bench.suite import load_suite, render
 
@@ -73,13 +74,6 @@ class RerankDrafter(CompositeDrafter):
         self.vocab = torch.tensor(json.loads(open(HEAD_TOKENS).read())["token_ids"])
         self.vocab_rows = self.lm_head[self.vocab].float()
 
-    def chain(self, ids, k):
-        match = self.lookup._search(ids)
-        if match:
-            return ids[match[0]: match[0] + k]
-        found = self.store.store.match(ids)
-        return self.store.store.continuation(found, k) if found else []
-
     def sources(self, ids, row=0):
         """Where neither lookup nor the store has anything, the head's own token (--head-alone)."""
         found = super().sources(ids, row)
@@ -97,7 +91,7 @@ class RerankDrafter(CompositeDrafter):
         for b, (ids, k, _) in alone.items():  # the head's best among the draft's head tokens
             logits, z = self.z(ids)
             best = int(self.vocab[int((logits[self.vocab] + self.vocab_rows @ z).argmax())])
-            out[b] = ([best] + self.chain(ids + [best], k - 1))[:k], None
+            out[b] = head_then_store(ids, self.store.store, best, k), None
         for b, (ids, k, src) in requests.items():
             if b in alone:
                 continue
@@ -116,7 +110,7 @@ class RerankDrafter(CompositeDrafter):
             best = int(cands[int(score.argmax())])
             if best != chain[0]:
                 self.changed += 1
-                out[b] = ([best] + self.chain(ids + [best], k - 1))[:k], None
+                out[b] = head_then_store(ids, self.store.store, best, k), None
         return out
 
 

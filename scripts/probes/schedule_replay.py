@@ -254,7 +254,8 @@ def main() -> None:
     for p in prompts:
         out = specdec.generate(target, None, p.ids, report["config"]["max_tokens"]).token_ids
         calls.append((p, offers(CompositeDrafter(lookup=NgramDrafter(), datastore=store), p.ids, out, args.k_max)))
-        sure[p.id] = chosen_probability(target, p.ids, out)
+        if args.split:
+            sure[p.id] = chosen_probability(target, p.ids, out)
         if args.head:
             scored[p.id] = head_scores(target, head, p.ids, out)
         if args.lookup_max:
