@@ -92,6 +92,23 @@ def datastore_arg(args) -> str | None:
     return args.datastore or str(args.model)
 
 
+def head_arg(args) -> str | None:
+    """--head: a file, 'none', or (not given) the embedded target's name where a head ships for
+    it, on the native engine, with a datastore to choose from."""
+    from .models.loading import SHIPPED_HEADS
+
+    if args.head == "none":
+        return None
+    if args.head is None:
+        shipped = str(args.model) in SHIPPED_HEADS and args.engine == "native" and datastore_arg(args)
+        return str(args.model) if shipped else None
+    if args.engine != "native" or not datastore_arg(args):
+        raise CLIError("--head needs the native engine and a datastore")
+    if str(args.head) not in SHIPPED_HEADS and not Path(args.head).expanduser().is_file():
+        raise CLIError(f"--head {args.head}: no such file")
+    return args.head
+
+
 def load_datastore_arg(args):
     from .models.loading import load_datastore
 
@@ -99,17 +116,21 @@ def load_datastore_arg(args):
     return load_datastore(name) if name else None
 
 
-def make_drafter(spec: str, target, dtype, min_confidence: float = 0.0, engine: str = "native", datastore=None):
+def make_drafter(spec: str, target, dtype, min_confidence: float = 0.0, engine: str = "native", datastore=None,
+                 head=None):
     """--draft: 'ngram', 'none', a model name/path, or 'composite:MODEL' (lookup, else the datastore's
     continuation, else the model). A datastore (None: none) joins the prompt lookup of 'ngram' and
-    'composite:MODEL'."""
+    'composite:MODEL'; a head (a name or file for specdec.head.load_head) chooses among the
+    drafts of 'ngram' with a datastore."""
     from .drafters import CompositeDrafter, ModelDrafter, NgramDrafter
+    from .head import load_head
     from .models.loading import default_engine, load_model
 
     if spec == "none":
         return None
     if spec == "ngram":
-        return CompositeDrafter(datastore=datastore) if datastore else NgramDrafter()
+        head = load_head(head, target) if head and datastore else None
+        return CompositeDrafter(datastore=datastore, head=head) if datastore else NgramDrafter()
     name = spec.removeprefix("composite:")
     # A draft only llama.cpp runs (gemma-3-270m) runs there whatever the target's engine.
     model = load_model(name, dtype=dtype, device=target.device, engine=default_engine(name, engine))
@@ -159,11 +180,11 @@ def cmd_generate(args) -> int:
         raise ValueError("prompt is empty")
     draft = resolve_draft(args)
     check_draft_exists(draft)
-    store = load_datastore_arg(args)
+    store, head = load_datastore_arg(args), head_arg(args)
     target = load_model(args.model, dtype=args.dtype, device=args.device, engine=args.engine)
     if target.tokenizer is None:
         raise CLIError(f"{args.model} ships no tokenizer; use the Python API with token ids")
-    drafter = make_drafter(draft, target, args.dtype, args.min_confidence, args.engine, store)
+    drafter = make_drafter(draft, target, args.dtype, args.min_confidence, args.engine, store, head)
     stream = TextStream(target.tokenizer)
     start = time.perf_counter()
     if drafter is None:
@@ -206,10 +227,10 @@ def cmd_demo(args) -> int:
     if draft == "none":
         raise CLIError("the demo compares against a draft: --draft must not be 'none'")
     check_draft_exists(draft)
-    store = load_datastore_arg(args)
+    store, head = load_datastore_arg(args), head_arg(args)
     print(f"loading {args.model} ...", file=sys.stderr)
     target = load_model(args.model, dtype=args.dtype, device=args.device, engine=args.engine)
-    drafter = make_drafter(draft, target, args.dtype, args.min_confidence, args.engine, store)
+    drafter = make_drafter(draft, target, args.dtype, args.min_confidence, args.engine, store, head)
     tok = target.tokenizer
     run_normal = lambda: decoding.generate(target, tok, DEMO_PROMPT, args.max_tokens, chat=True)  # noqa: E731
     run_spec = lambda: decoding.speculative_generate(  # noqa: E731
@@ -294,6 +315,7 @@ def cmd_bench(args) -> int:
         load_datastore_arg(args)  # a missing or broken file fails now (loads are cached for the run)
     options = dict(model=args.model, engine=args.engine, draft=None if args.no_draft else draft,
                    datastore=None if args.endpoint else datastore_arg(args),
+                   head=None if args.endpoint else head_arg(args),
                    min_confidence=args.min_confidence, tree_size=args.tree_size, dtype=args.dtype,
                    device=args.device, threads=args.threads,
                    prompts=args.prompts, categories=args.categories.split(",") if args.categories else None,
@@ -348,6 +370,57 @@ def cmd_datastore(args) -> int:
     return 0
 
 
+def cmd_train_head(args) -> int:
+    """Collect the target's hidden states over the datastore's replies (once: kept in the run
+    directory), train the head on them, write head.safetensors and train-log.json there."""
+    import torch
+    from safetensors.torch import load_file, save_file
+    from tqdm import tqdm
+
+    from .head import collect, train_head
+    from .models.loading import load_datastore, load_model
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    target = load_model(args.target, dtype="bfloat16")
+    if not hasattr(target, "module"):
+        raise CLIError(f"train-head needs a native target; {args.target} is not one")
+    store = load_datastore(args.datastore or args.target)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    data_file, start = out / "hidden.safetensors", time.time()
+    if data_file.exists():
+        data = load_file(str(data_file))
+        print(f"hidden states from {data_file} ({len(data['tokens']):,} positions)", file=sys.stderr)
+    else:
+        data = collect(target, store, lambda xs: tqdm(xs, desc="hidden states", file=sys.stderr))
+        save_file(data, str(data_file))
+    collected = time.time() - start
+    lines = []
+
+    def log(line):
+        lines.append(line)
+        print(line, file=sys.stderr)
+
+    recipe = " ".join(["specdec", *sys.argv[1:]])
+    history = train_head(target, data, out / "head.safetensors", epochs=args.epochs, batch=args.batch, lr=args.lr,
+                         seed=args.seed, recipe=recipe, log=log,
+                         progress=lambda total: tqdm(total=total, desc="training", file=sys.stderr))
+    history.update(command=recipe, collect_seconds=round(collected, 1), threads=torch.get_num_threads(),
+                   positions=len(data["tokens"]), log=lines)
+    (out / "train-log.json").write_text(json.dumps(history, indent=1) + "\n")
+    print(f"head written to {out / 'head.safetensors'} (log: {out / 'train-log.json'})", file=sys.stderr)
+    if args.ship:
+        import shutil
+
+        for name in ("head.safetensors", "train-log.json"):
+            shutil.copy(out / name, Path(args.ship) / name)
+        print(f"shipped into {args.ship}/", file=sys.stderr)
+    return 0
+
+
+HEAD_HELP = ("a hidden-state head (specdec train-head writes one) that chooses among prompt lookup's and the "
+             "datastore's drafts, or 'none'; default: the shipped one of an embedded target, on the native engine")
 DATASTORE_HELP = ("a datastore for retrieval drafting beside prompt lookup (specdec datastore / distill write one), "
                   "or 'none'; default: the shipped one of an embedded target")
 
@@ -365,6 +438,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--min-confidence", type=_confidence, default=0.0, help="the draft model stops proposing "
                    "where its top probability is below this (0: never)")
     g.add_argument("--datastore", default=None, help=DATASTORE_HELP)
+    g.add_argument("--head", default=None, help=HEAD_HELP)
     g.add_argument("--num-draft-tokens", type=_k, default="auto", help="k, or 'auto' (the default: chosen each step "
                    "from measured acceptance and costs)")
     g.add_argument("--max-tokens", type=_int, default=128)
@@ -380,6 +454,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--draft", default=None, help="as for generate")
     d.add_argument("--min-confidence", type=_confidence, default=0.0)
     d.add_argument("--datastore", default=None, help="as for generate")
+    d.add_argument("--head", default=None, help="as for generate")
     d.add_argument("--num-draft-tokens", type=_k, default="auto")
     d.add_argument("--max-tokens", type=_positive_int, default=128)
     d.add_argument("--trials", type=_positive_int, default=3)
@@ -392,6 +467,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--no-draft", action="store_true", help="no draft model: n-gram (and peers) only")
     b.add_argument("--datastore", default=None, help=DATASTORE_HELP + " (runs as 'store', lookup + datastore, and "
                    "in the composite)")
+    b.add_argument("--head", default=None, help=HEAD_HELP + " (runs as 'store-head', lookup + datastore + head)")
     b.add_argument("--min-confidence", type=_confidence, default=0.0, help="> 0: also run the draft with this "
                    "confidence stop (draft-stop, composite-stop)")
     b.add_argument("--tree-size", type=_positive_int, default=None, help="also run lookup + datastore with trees "
@@ -457,6 +533,19 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--out", required=True, help="the datastore file to write (.safetensors)")
     s.add_argument("--target", default=DEFAULT_MODEL, help=f"the target the runs distilled (default {DEFAULT_MODEL})")
     s.set_defaults(func=cmd_datastore)
+
+    h = sub.add_parser("train-head", help="train the hidden-state head that chooses among the lookups' drafts "
+                       "(on the target's hidden states over its datastore's replies)")
+    h.add_argument("--target", default=DEFAULT_MODEL, help=f"a native target (default {DEFAULT_MODEL})")
+    h.add_argument("--datastore", default=None, help="its datastore (default: the target's shipped one)")
+    h.add_argument("--out", required=True, help="run directory: the hidden states, head.safetensors, train-log.json")
+    h.add_argument("--epochs", type=_positive_int, default=2)
+    h.add_argument("--batch", type=_positive_int, default=1024)
+    h.add_argument("--lr", type=_float, default=2e-3)
+    h.add_argument("--seed", type=_int, default=0)
+    h.add_argument("--threads", type=_positive_int, default=None)
+    h.add_argument("--ship", default=None, help="also copy the head and its log into this directory")
+    h.set_defaults(func=cmd_train_head)
     return parser
 
 

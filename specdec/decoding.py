@@ -288,6 +288,7 @@ class _Run:
         self.reasons: list[str | None] = [None if max_tokens else "length" for _ in prompts]
         self.gens = [_generator(s, model.device) for s in seeds]
         self.model, self.tokenizer, self.max_tokens, self.stream = model, tokenizer, max_tokens, stream
+        self.watcher = None  # a drafter that reads side outputs of the target's passes (its side_rows)
 
     def live(self) -> list[int]:
         return [b for b, r in enumerate(self.reasons) if r is None]
@@ -302,8 +303,20 @@ class _Run:
         self.capacity = max(len(ids) for ids in self.prompt_ids) + self.max_tokens
         self.rows.reset(self.capacity + spare)
         with self.timer(range(self.size))("prefill"):
-            logits = self.rows.forward(self.prompt_ids, last_only=True)
+            logits = self.forward(self.prompt_ids, last_only=True)
             return [select(x[-1], self.params, g) for x, g in zip(logits, self.gens)]
+
+    def forward(self, blocks: list[list[int]], last_only: bool = False) -> list[torch.Tensor]:
+        """The target's pass over each row's block; the logits. With a watcher, the pass also
+        scores its side rows, whose outputs go to it by row and position, not to the loop."""
+        if self.watcher is None:
+            return self.rows.forward(blocks, last_only=last_only)
+        out = self.rows.forward(blocks, last_only=last_only, side=self.watcher.side_rows)
+        V, ends = self.model.vocab_size, self.rows.lengths
+        for b, x in enumerate(out):
+            if x.shape[0]:  # rows of the last positions of the block: it ends at the cache's length
+                self.watcher.observe(b, ends[b] - x.shape[0], x[:, :V], x[:, V:])
+        return [x[:, :V] for x in out]
 
     def add(self, b: int, new: list[int]) -> list[int]:
         """Row b's step yielded `new`: keep it up to an EOS or max_tokens; the ids kept."""
@@ -392,6 +405,11 @@ def speculative_generate(model, draft, tokenizer, prompt, max_tokens: int, *, nu
         raise ValueError(f"num_draft_tokens must be an integer >= 1, 'auto' or an AdaptiveK, got {k!r}")
     check_same_vocab(model, drafter, tokenizer)
     drafter.check_prompts(run.prompt_ids)
+    if drafter.side_rows is not None:  # it reads the target's own passes (a hidden-state head)
+        if not model.side_outputs:
+            raise ValueError(f"the drafter ({drafter!r}) reads side outputs of the target's passes, which "
+                             f"{type(model).__name__} does not give (the native engine does)")
+        run.watcher = drafter
     if run.size > 1 and not drafter.batches:
         raise ValueError(f"the draft ({drafter!r}) runs one prompt at a time; batches need a draft on an engine "
                          "that batches (the native engine)")
@@ -448,7 +466,7 @@ def speculative_generate(model, draft, tokenizer, prompt, max_tokens: int, *, nu
                     model.keep_path(len(ids[0]) - 1, [0] + [i + 1 for i in path])
                 verdicts[0] = path, token, n_acc
             else:
-                logits = rows.forward([[ids[b][-1]] + drafted[b] if b in ids else [] for b in range(run.size)])
+                logits = run.forward([[ids[b][-1]] + drafted[b] if b in ids else [] for b in range(run.size)])
                 for b in live:
                     if params.greedy:
                         n_acc, token = greedy_accept(drafted[b], logits[b])

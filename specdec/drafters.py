@@ -14,6 +14,12 @@ for B rows at once (a batch; B = 1 for one prompt), each with its own state:
                                             rows in one go (a model draft runs them in shared passes)
     drafter.commit(ids, row=0)              the row's accepted sequence after verification
 
+A drafter with `side_rows` (a [E, hidden] tensor; None for most) also reads the target's own
+passes: each pass scores those rows on the target's last hidden state beside its logits, and
+the loop hands each row's outputs over before anything is proposed from them:
+
+    drafter.observe(row, first, logits, side)  the pass's rows at positions first.. of that row
+
 A model-free drafter with `tree_size` > 0 also proposes trees, which engines that verify
 trees (the native one) check in one pass, for one prompt at a time:
 
@@ -42,6 +48,7 @@ class Drafter:
     max_context: int | None = None  # positions a draft model can hold (it limits only the draft); None: no limit
     batches = True  # can draft for a batch of rows (a model draft needs an engine that batches)
     tree_size = 0  # drafted nodes a tree may hold; 0: chains only
+    side_rows = None  # rows the target's passes score for it (see observe)
 
     def __init__(self):
         self.calls = 0
@@ -78,6 +85,9 @@ class Drafter:
 
     def commit(self, ids: list[int], row: int = 0) -> None:
         pass
+
+    def observe(self, row: int, first: int, logits: torch.Tensor, side: torch.Tensor) -> None:
+        """A target pass's logits and side outputs for `row`, at positions first, first + 1, ..."""
 
     def propose_tree(self, ids: list[int], k: int, source: str | None = None, row: int = 0, size: int = 0,
                      depth: int | None = None):
@@ -387,15 +397,23 @@ class CompositeDrafter(Drafter):
     has done so far. Either way the choice is made before anything is drawn, so each step's
     q is that of the drafter that proposed (one-hot for a lookup or a datastore), as the
     acceptance rule needs.
+
+    With a hidden-state head (`specdec.head`; beside a datastore, without a model draft) the
+    target's own passes choose too: where the store proposes, its candidate next token the head
+    scores best leads the chain; where neither lookup nor the store has anything, the head's
+    own best token does ("head", a source of its own). Lookup's copies it leaves as they are.
     """
 
     def __init__(self, model_draft=None, lookup: NgramDrafter | None = None, tokenizer=None,
-                 min_confidence: float = 0.0, datastore=None, tree_size: int = 0):
+                 min_confidence: float = 0.0, datastore=None, tree_size: int = 0, head=None):
         super().__init__()
         if model_draft is None and datastore is None:
             raise ValueError("a composite drafter needs a model draft or a datastore beside its lookup")
         if check_tree_size(tree_size) and (model_draft is not None or datastore is None):
             raise ValueError("trees grow from a datastore, without a model draft (whose drafts are sampled)")
+        if head is not None and (datastore is None or model_draft is not None or tree_size):
+            raise ValueError("a hidden-state head chooses among the lookups' chains: it needs a datastore, and "
+                             "neither a model draft nor trees")
         self.lookup = lookup or NgramDrafter()
         self.store = (None if datastore is None else
                       datastore if isinstance(datastore, DatastoreDrafter) else DatastoreDrafter(datastore))
@@ -412,9 +430,17 @@ class CompositeDrafter(Drafter):
                 raise ValueError(f"the datastore's vocabulary ({self.store.vocab_size}) is not the draft's "
                                  f"({self.vocab_size})")
         self.parts = [d for d in (self.lookup, self.store, self.model) if d is not None]  # preferred first
+        if head is not None and head.target.vocab_size != self.vocab_size:
+            raise ValueError(f"the head's target vocabulary ({head.target.vocab_size}) is not the datastore's "
+                             f"({self.vocab_size})")
+        self.head, self.side_rows = head, None if head is None else head.side
+        self._passes: dict[int, tuple] = {}  # per row: the target's last pass (first position, logits, side)
+        self._head_seconds = 0.0
+        self._led: dict[int, int] = {}  # per row: chains the head led with a token of its choosing
 
     def begin(self, capacity: int, batch: int = 1) -> None:
         super().begin(capacity, batch)
+        self._head_seconds, self._led = 0.0, {}  # (the prompts' passes, observed before this, stay)
         for part in self.parts:
             part.begin(capacity, batch)
 
@@ -427,21 +453,75 @@ class CompositeDrafter(Drafter):
             self.model.check_prompts(prompts)
 
     def counters(self, row=0):
+        if self.head is not None:
+            return {"head_led": self._led.get(row, 0)}
         return self.model.counters(row) if self.model else {}
 
     def sources(self, ids, row=0):
-        # Past the model's context the lookup and the datastore go on alone.
-        return sum((part.sources(ids, row) for part in self.parts), ())
+        # Past the model's context the lookup and the datastore go on alone; where neither has
+        # a match, a head proposes its own token.
+        found = sum((part.sources(ids, row) for part in self.parts), ())
+        return found or (("head",) if self.head is not None and self._seen(ids, row) is not None else ())
+
+    def observe(self, row, first, logits, side):
+        self._passes[row] = first, logits, side
+
+    def _seen(self, ids, row):
+        """The target's logits and side outputs at the row that chose ids' last token, if its
+        last pass held that position."""
+        if (got := self._passes.get(row)) is None:
+            return None
+        first, logits, side = got
+        i = len(ids) - 2 - first
+        return (logits[i], side[i]) if 0 <= i < logits.shape[0] else None
 
     def _owner(self, source: str) -> Drafter:
         if source == "model":
             return self.model
         return self.store if source.startswith("store") else self.lookup
 
+    def _led_by(self, ids, first: int, k: int) -> list[int]:
+        """`first`, then what the lookups would draft after it (the prompt's, else the store's)."""
+        after = ids + [first]
+        match = find_match(np.asarray(after), self.lookup.max_ngram, self.lookup.min_ngram)
+        if match:
+            return [first] + after[match[0]: match[0] + k - 1]
+        found = self.store.store.match(after)
+        return [first] + (self.store.store.continuation(found, k - 1) if found else [])
+
+    def _head_choice(self, ids, row, k, source, chain):
+        """The chain the head leads: its own best token's where it is the source; where the
+        store is, the chain of the store's candidate next token it scores best (unchanged if
+        that is the store's own choice). Lookup's copies it leaves alone: choosing over them
+        broke long copies (docs/benchmark.md, "the target's hidden state as a judge")."""
+        seen = self._seen(ids, row)
+        if seen is None or not (source == "head" or (chain and source.startswith("store"))):
+            return chain
+        logits, side = seen
+        z = self.head.z(side, ids[-1])
+        if source == "head":
+            first = self.head.best(logits, z)
+        else:
+            store = self.store.store
+            nxt = store.tokens[store.voters(self.store._match(ids, row))]
+            cands = torch.from_numpy(np.unique(np.append(nxt[nxt != store.gap], chain[0])))
+            first = int(cands[int(self.head.scores(logits, z, cands).argmax())]) if len(cands) > 1 else chain[0]
+            if first == chain[0]:
+                return chain
+        self._led[row] = self._led.get(row, 0) + 1
+        return self._led_by(ids, first, k)
+
     def propose_rows(self, requests, params, generators):
         out, to_model = {}, {}
         for row, (ids, k, source) in requests.items():
             source = source or next(iter(self.sources(ids, row)), "model")
+            if self.head is not None:  # (no model draft beside it)
+                chain = [] if source == "head" else self._owner(source).propose(ids, k, params, None, row=row)[0]
+                start = time.perf_counter()
+                if chain := self._head_choice(ids, row, k, source, chain):
+                    out[row] = chain, None
+                self._head_seconds += time.perf_counter() - start
+                continue
             owner = self._owner(source)
             if owner is not self.model:
                 tokens, q = owner.propose(ids, k, params, generators[row], row=row)
@@ -453,7 +533,7 @@ class CompositeDrafter(Drafter):
         if to_model:
             out.update(self.model.propose_rows(to_model, params, generators))
         self.calls = self.model.calls if self.model else 0
-        self.seconds = sum(part.seconds for part in self.parts)
+        self.seconds = self._head_seconds + sum(part.seconds for part in self.parts)
         self.setup_seconds = self.model.setup_seconds if self.model else 0.0
         return out
 
@@ -467,7 +547,7 @@ class CompositeDrafter(Drafter):
         return tree
 
     def __repr__(self) -> str:
-        return f"CompositeDrafter({', '.join(map(repr, self.parts))})"
+        return f"CompositeDrafter({', '.join(map(repr, [*self.parts, *([self.head] if self.head else [])]))})"
 
 
 def as_drafter(draft, tokenizer=None) -> Drafter:

@@ -288,6 +288,14 @@ def test_datastore_command_refuses_what_is_not_a_distill_run(capsys, tmp_path):
     assert rc == 2 and "no such file" in err
 
 
+def test_head_mistakes_fail_before_loading(capsys, tmp_path, no_load):
+    assert_one_line_error(*run(capsys, "generate", "hi", "--head", tmp_path / "missing.safetensors"), "no such file")
+    assert_one_line_error(*run(capsys, "generate", "hi", "--head", MODEL, "--datastore", "none"),
+                          "native engine and a datastore")
+    assert_one_line_error(*run(capsys, "bench", "--head", MODEL, "--engine", "llama.cpp", "--out", tmp_path / "o"),
+                          "native engine and a datastore")
+
+
 def test_the_default_drafter_is_lookup_with_the_shipped_datastore():
     from specdec import CompositeDrafter, NgramDrafter
     from specdec.cli import build_parser, load_datastore_arg, make_drafter, resolve_draft
@@ -391,8 +399,10 @@ def test_bench_runs_a_spec_bench_file_with_the_default_methods(capsys, tmp_path)
     assert [p["id"] for p in report["prompts"]] == ["1", "161"]
     # the defaults: the shipped draft and datastore, every drafter with k = auto, no fixed k
     assert [m["name"] for m in report["methods"]] == ["normal", "spec-ngram-kauto", "spec-store-kauto",
-                                                      "spec-draft-kauto", "spec-composite-kauto"]
-    assert report["config"]["datastore"] == "smollm2-135m-instruct"
+                                                      "spec-store-head-kauto", "spec-draft-kauto",
+                                                      "spec-composite-kauto"]
+    assert report["config"]["datastore"] == report["config"]["head"] == "smollm2-135m-instruct"
+    assert set(report["composite_vs_sources"]["spec-store-head-kauto"]["overall"]) >= {"best_source", "ratio"}
     assert set(report["composite_vs_sources"]["spec-composite-kauto"]["overall"]) >= {"best_source", "ratio"}
     for m in report["methods"]:
         assert set(m["categories"]) == {"writing", "summarization"}

@@ -179,6 +179,16 @@ def make_drafter(models, drafter: str):
         # Measured over seeds 0..199: 72 looked-up proposals, 40 from the store, 177 from the model.
         return specdec.CompositeDrafter(models["draft"], specdec.NgramDrafter(max_ngram=3, min_ngram=3),
                                         datastore=specdec.Datastore([[0, 1, 0, 1, 1, 0, 1]], V))
+    if drafter == "head":
+        # The same lookups with a hidden-state head (random weights) that reorders the store's
+        # candidates and proposes its own token where neither lookup has one: proposals that
+        # depend on the target's own hidden state, still one-hot.
+        g = torch.Generator().manual_seed(3)
+        d = models["target"].module.cfg.hidden_size
+        head = specdec.HiddenHead(models["target"], torch.randn(d, 2 * d, generator=g), torch.randn(d, generator=g),
+                                  torch.arange(V, dtype=torch.int32))
+        return specdec.CompositeDrafter(lookup=specdec.NgramDrafter(max_ngram=3, min_ngram=3),
+                                        datastore=specdec.Datastore([[0, 1, 0, 1, 1, 0, 1]], V), head=head)
     if drafter == "confident":
         # Its top probability along sampled outputs: quartiles 0.422, 0.427, 0.427; so this
         # stop cuts some blocks short and leaves others whole.
@@ -205,7 +215,7 @@ def speculative(models, drafter: str, setting: str):
 
 CASES = [("model", "t1.0"), ("model", "t0.7-topk3"), ("model", "t1.3-topp0.8"), ("ngram", "t1.0"),
          ("composite", "t1.0"), ("model-auto", "t1.0"), ("confident", "t1.0"), ("headcut", "t1.0"),
-         ("store", "t1.0"), ("store-auto", "t0.7-topk3")]
+         ("store", "t1.0"), ("store-auto", "t0.7-topk3"), ("head", "t1.0")]
 
 
 def test_reference_is_a_proper_sharp_enough_distribution(exact):
@@ -240,7 +250,7 @@ def test_speculative_matches_exact_distribution(models, exact, drafter, setting)
     assert pvalue > ALPHA, f"p-value {pvalue:.3g} ({elapsed:.1f} s)"
 
 
-@pytest.mark.parametrize("drafter", ["model", "ngram", "store"])
+@pytest.mark.parametrize("drafter", ["model", "ngram", "store", "head"])
 def test_detects_resampling_from_p(models, exact, drafter, monkeypatch):
     # The same test on a deliberately broken sampler: after a rejection it resamples from p
     # instead of norm(max(0, p - q)) (monkeypatched where rejection_sample looks it up).
@@ -248,10 +258,10 @@ def test_detects_resampling_from_p(models, exact, drafter, monkeypatch):
     # model draft gave only 5e-10 at N=1500 in an earlier version, hence seed 8):
     #   model draft 1.6e-12; n-gram draft 2e-69 (q one-hot on a token of p ~ 1/4: a larger
     #   bias; at N=750 it gave 2.5e-7, too close to BROKEN_MAX_P for comfort); lookup, store
-    #   and model together 1.3e-27.
+    #   and model together 1.3e-27; lookup, store and a hidden-state head 1.3e-41.
     # The correct sampler, same seeds: model t1.0 0.62, t0.7/top-k 0.30, t1.3/top-p 0.79,
     # n-gram 0.27, composite 0.46, auto 0.63, confidence stop 0.36, head list 0.62, with the
-    # store 0.33 (and 0.48 with auto at t0.7/top-k); plain generate 0.61.
+    # store 0.33 (and 0.48 with auto at t0.7/top-k), with the head 0.33; plain generate 0.61.
     monkeypatch.setattr(sampling, "residual", lambda p, draft_probs, i, d: p)
     tally = draw(speculative(models, drafter, "t1.0"))
     pvalue = chisquare_pvalue(tally.counts, exact("t1.0"))

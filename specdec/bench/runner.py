@@ -26,6 +26,7 @@ import torch
 from .. import __version__
 from ..bridge import needs_bridge
 from ..drafters import CompositeDrafter, ModelDrafter, NgramDrafter
+from ..head import load_head
 from ..models import kernel
 from ..models.loading import (DEFAULT_MODEL, LLAMA_CPP_ONLY, default_engine, hf_checkpoint, load_datastore, load_model,
                               resolve_dtype)
@@ -44,6 +45,7 @@ class BenchConfig:
     engine: str = "native"  # what runs the target and the draft: "native" or "llama.cpp"
     draft: str | None = None  # a draft model (name or path); the n-gram drafter always runs
     datastore: str | None = None  # a datastore file, or an embedded target's name for its shipped one
+    head: str | None = None  # a hidden-state head file, or an embedded target's name ("store-head"; native engine)
     dtype: str | None = None
     device: str = "cpu"
     threads: int | None = None
@@ -97,6 +99,8 @@ class BenchConfig:
             raise ValueError(f"trees need an engine that verifies them (native), not {self.engine}")
         if self.tree_size and not self.datastore:
             raise ValueError("trees grow from a datastore: give --datastore")
+        if self.head and (self.engine != "native" or not self.datastore):
+            raise ValueError("a hidden-state head needs the native engine and a datastore")
         if self.batch_sizes is not None:
             if not self.batch_sizes or any(not isinstance(b, int) or isinstance(b, bool) or b < 1
                                            for b in self.batch_sizes):
@@ -212,7 +216,7 @@ def measure_costs(target, drafts: dict, ks, k_max: int) -> dict:
 
 
 def build_methods(cfg: BenchConfig, target, draft_model, hf, hf_draft, llama_gguf=None, n_ctx=None,
-                  store=None) -> list[M.Method]:
+                  store=None, head=None) -> list[M.Method]:
     # n_ctx: llama.cpp's own loops, whose context must leave room past the longest request:
     # its speculative loop writes a block of drafts before it checks the context's end.
     # A fixed seed: each prompt's sampled output is the same in every trial, so trials time the same work.
@@ -224,6 +228,8 @@ def build_methods(cfg: BenchConfig, target, draft_model, hf, hf_draft, llama_ggu
         drafters["store"] = lambda: CompositeDrafter(datastore=store)
         if cfg.tree_size:
             drafters["store-tree"] = lambda: CompositeDrafter(datastore=store, tree_size=cfg.tree_size)
+        if head is not None:
+            drafters["store-head"] = lambda: CompositeDrafter(datastore=store, head=head)
     if draft_model is not None:
         drafters.update(draft=lambda: ModelDrafter(draft_model),
                         composite=lambda: CompositeDrafter(draft_model, datastore=store))
@@ -366,6 +372,7 @@ def _run(cfg: BenchConfig, progress: bool, log) -> dict:
         draft_model = load_model(cfg.draft, dtype=dtype, device=cfg.device, engine=default_engine(cfg.draft, cfg.engine))
         load_s["draft"] = time.perf_counter() - t0
     store = load_datastore(cfg.datastore) if cfg.datastore else None
+    head = load_head(cfg.head, target) if cfg.head else None
     hf = hf_draft = None
     if cfg.peers and not cfg.batch_sizes and cfg.model in LLAMA_CPP_ONLY:
         log(f"transformers peers skipped: {cfg.model} has no transformers checkpoint here")
@@ -386,7 +393,7 @@ def _run(cfg: BenchConfig, progress: bool, log) -> dict:
                 "load_seconds": load_s}
     llama_gguf = llama_cpp_peer_file(cfg, target, dtype)
     methods = build_methods(cfg, target, draft_model, hf, hf_draft, llama_gguf,
-                            n_ctx=max(len(p.ids) for p in prompts) + cfg.max_tokens + 64, store=store)
+                            n_ctx=max(len(p.ids) for p in prompts) + cfg.max_tokens + 64, store=store, head=head)
     # The draft as it drafts: through ModelDrafter, with the head its checkpoint lists (if any).
     k_max = max([AdaptiveK().k_max, *cfg.fixed_ks])
     costs = measure_costs(target, {"draft": ModelDrafter(draft_model).model} if draft_model is not None else {},
@@ -489,7 +496,8 @@ LLAMA_CPP_BASELINE = "llama.cpp-greedy"
 
 
 # The drafters made of others, and the parts each is compared with when run alone.
-COMPOSITE_PARTS = {"store": ("ngram",), "store-tree": ("ngram", "store"), "composite": ("ngram", "store", "draft")}
+COMPOSITE_PARTS = {"store": ("ngram",), "store-tree": ("ngram", "store"), "store-head": ("ngram", "store"),
+                   "composite": ("ngram", "store", "draft")}
 
 
 def composite_vs_sources(methods, per_prompt: dict, prompts) -> dict:

@@ -11,6 +11,11 @@ for several sequences at once, each with its own cache rows and length:
     model.reset_batch(capacity, batch)   model.forward_batch(blocks)   model.rollback_batch(lengths)
     model.cache_lens
 
+and, on engines with side outputs (the native one), extra rows scored beside the output head's:
+
+    model.forward(ids, side=rows)        logits [T, V + E]: each row's logits, then rows [E, hidden] . h,
+                                         its normed last hidden state's products with them (also forward_batch)
+
 and, on engines that verify trees (the native one), several candidate continuations in one pass:
 
     model.forward_tree(ids, parents)     ids[i] follows ids[parents[i]]; the cache grows by len(ids)
@@ -49,6 +54,7 @@ class LanguageModel:
     name: str = "model"
     batches = False  # implements reset_batch / forward_batch / rollback_batch
     trees = False  # implements forward_tree / keep_path
+    side_outputs = False  # forward(..., side=rows) also scores extra rows on the last hidden state
     pass_tile = None  # rows a pass computes at once, where one more row costs another round (kernel.tile_rows)
 
     def __init__(self, *, vocab_size: int, max_context: int, eos_token_ids, dtype, device, tokenizer, name):
@@ -107,6 +113,8 @@ def check_tree(parents, n: int) -> list[int]:
 class NativeLM(LanguageModel):
     batches = True
     trees = True
+    side_outputs = True
+    _side = (None, None)  # (side rows, the output head with them appended): made once per side
     head = None  # (token ids, their lm_head rows) after restrict_head
     head_tokens = None  # the checkpoint's suggested draft head (head_tokens.json); used by ModelDrafter
 
@@ -144,8 +152,23 @@ class NativeLM(LanguageModel):
     def reset(self, capacity: int) -> None:
         self.reset_batch(capacity, 1)
 
-    def forward(self, ids, last_only: bool = False) -> torch.Tensor:
-        return self.module(self.as_tensor(ids), self.cache, last_only=last_only, head=self.head)
+    def _head_with(self, side):
+        """The head a pass scores: the model's own, or with `side`'s rows appended after it (the
+        kernel scores whatever rows it is given, so side outputs cost their rows' share of a pass)."""
+        if side is None:
+            return self.head
+        if self.head is not None:
+            raise ValueError("side rows need the full output head; this model's is restricted")
+        if side is not self._side[0]:
+            w = self.module.lm_head.weight
+            if side.ndim != 2 or side.shape[1] != w.shape[1] or side.dtype != w.dtype:
+                raise ValueError(f"side rows must be [E, {w.shape[1]}] in {w.dtype}, got {tuple(side.shape)} "
+                                 f"in {side.dtype}")
+            self._side = (side, torch.cat([w, side]).contiguous())
+        return None, self._side[1]
+
+    def forward(self, ids, last_only: bool = False, side=None) -> torch.Tensor:
+        return self.module(self.as_tensor(ids), self.cache, last_only=last_only, head=self._head_with(side))
 
     def rollback(self, length: int) -> None:
         self.rollback_batch([length])
@@ -171,9 +194,9 @@ class NativeLM(LanguageModel):
             self.cache = self.module.new_cache(capacity, batch)
         self.cache.lengths = [0] * batch
 
-    def forward_batch(self, blocks, last_only: bool = False) -> list[torch.Tensor]:
+    def forward_batch(self, blocks, last_only: bool = False, side=None) -> list[torch.Tensor]:
         return self.module.forward_batch([self.as_tensor(b) for b in blocks], self.cache, last_only=last_only,
-                                         head=self.head)
+                                         head=self._head_with(side))
 
     def rollback_batch(self, lengths) -> None:
         if len(lengths) != self.cache.batch:
@@ -264,11 +287,13 @@ class Rows:
         else:
             self.model.reset_batch(capacity, self.batch)
 
-    def forward(self, blocks: list[list[int]], last_only: bool = False) -> list[torch.Tensor]:
-        """Logits per block; an empty block (a finished row, one not drafting) costs nothing."""
+    def forward(self, blocks: list[list[int]], last_only: bool = False, side=None) -> list[torch.Tensor]:
+        """Logits per block; an empty block (a finished row, one not drafting) costs nothing.
+        side: extra rows (engines with side outputs), whose products follow each row's logits."""
+        extra = {} if side is None else {"side": side}
         if self.batch == 1:
-            return [self.model.forward(blocks[0], last_only=last_only)]
-        return self.model.forward_batch(blocks, last_only=last_only)
+            return [self.model.forward(blocks[0], last_only=last_only, **extra)]
+        return self.model.forward_batch(blocks, last_only=last_only, **extra)
 
     @property
     def lengths(self) -> list[int]:

@@ -206,6 +206,7 @@ class Llama(nn.Module):
         (or [1, V] with last_only, which skips the output head for a long prefill).
         head: (token ids, their rows of lm_head) to score only those (the rest get -inf): a
         draft's output head is most of its cost, mostly on tokens the target hardly writes.
+        (None, rows): the products with these rows as they come, no scatter (side rows).
         """
         if cache.batch != 1:
             raise ValueError(f"forward runs one sequence; this cache holds {cache.batch}: use forward_batch")
@@ -236,7 +237,7 @@ class Llama(nn.Module):
             elif out[b] is None:
                 out[b] = self._forward_torch(tokens, cache.row(b), cache.lengths[b], last_only, rows)
                 cache.lengths[b] += tokens.shape[0]
-        return out if head is None else [self._scatter_head(x, head[0]) for x in out]
+        return out if head is None or head[0] is None else [self._scatter_head(x, head[0]) for x in out]
 
     @torch.inference_mode()
     def forward_tree(self, tokens: torch.Tensor, parents: list[int], cache: KVCache,
@@ -255,7 +256,7 @@ class Llama(nn.Module):
         else:
             out = self._forward_torch(tokens, cache, cache.lengths[0], False, rows, parents)
         cache.lengths[0] += tokens.shape[0]
-        return out if head is None else self._scatter_head(out, head[0])
+        return out if head is None or head[0] is None else self._scatter_head(out, head[0])
 
     def _check_block(self, tokens: torch.Tensor, cache: KVCache, b: int) -> None:
         if (n := cache.lengths[b] + tokens.shape[0]) > cache.capacity:

@@ -44,6 +44,8 @@ DEFAULT_DRAFTS = {"smollm2-135m-instruct": "smollm2-135m-instruct-draft"}
 # A datastore of the target's own writing (specdec.datastore), by target name; the CLI's
 # drafters with prompt lookup use it for an embedded target unless told otherwise.
 SHIPPED_DATASTORES = {"smollm2-135m-instruct": ASSETS / "smollm2-135m-instruct-datastore.safetensors"}
+# A hidden-state head (specdec.head) that chooses among the lookups' drafts, by target name.
+SHIPPED_HEADS = {"smollm2-135m-instruct": ASSETS / "smollm2-135m-instruct-head" / "head.safetensors"}
 SHARED_TENSORS = ("model.embed_tokens.weight", "lm_head.weight")
 # A draft checkpoint may list the tokens its output head should score (see ModelDrafter).
 HEAD_TOKENS_FILE = "head_tokens.json"
