@@ -93,15 +93,13 @@ def datastore_arg(args) -> str | None:
 
 
 def head_arg(args) -> str | None:
-    """--head: a file, 'none', or (not given) the embedded target's name where a head ships for
-    it, on the native engine, with a datastore to choose from."""
+    """--head: a file, an embedded target's name (its shipped head), or none (not given, or
+    'none'). Off by default: its gain in tokens a pass is about what its work a step costs
+    (docs/benchmark.md, "The hidden-state head, built")."""
     from .models.loading import SHIPPED_HEADS
 
-    if args.head == "none":
+    if args.head in (None, "none"):
         return None
-    if args.head is None:
-        shipped = str(args.model) in SHIPPED_HEADS and args.engine == "native" and datastore_arg(args)
-        return str(args.model) if shipped else None
     if args.engine != "native" or not datastore_arg(args):
         raise CLIError("--head needs the native engine and a datastore")
     if str(args.head) not in SHIPPED_HEADS and not Path(args.head).expanduser().is_file():
@@ -419,8 +417,8 @@ def cmd_train_head(args) -> int:
     return 0
 
 
-HEAD_HELP = ("a hidden-state head (specdec train-head writes one) that chooses among prompt lookup's and the "
-             "datastore's drafts, or 'none'; default: the shipped one of an embedded target, on the native engine")
+HEAD_HELP = ("a hidden-state head that chooses among prompt lookup's and the datastore's drafts (native engine): "
+             "a file (specdec train-head writes one), or an embedded target's name for its shipped one; default none")
 DATASTORE_HELP = ("a datastore for retrieval drafting beside prompt lookup (specdec datastore / distill write one), "
                   "or 'none'; default: the shipped one of an embedded target")
 

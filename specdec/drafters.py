@@ -464,7 +464,8 @@ class CompositeDrafter(Drafter):
         return found or (("head",) if self.head is not None and self._seen(ids, row) is not None else ())
 
     def observe(self, row, first, logits, side):
-        self._passes[row] = first, logits, side
+        # numpy views (on a GPU, copies): a row of them costs nanoseconds to index, torch's microseconds
+        self._passes[row] = first, logits.cpu().numpy(), side.cpu().numpy()
 
     def _seen(self, ids, row):
         """The target's logits and side outputs at the row that chose ids' last token, if its
@@ -504,7 +505,7 @@ class CompositeDrafter(Drafter):
         else:
             store = self.store.store
             nxt = store.tokens[store.voters(self.store._match(ids, row))]
-            cands = torch.from_numpy(np.unique(np.append(nxt[nxt != store.gap], chain[0])))
+            cands = np.unique(np.append(nxt[nxt != store.gap], chain[0]))
             first = int(cands[int(self.head.scores(logits, z, cands).argmax())]) if len(cands) > 1 else chain[0]
             if first == chain[0]:
                 return chain

@@ -399,15 +399,31 @@ def test_bench_runs_a_spec_bench_file_with_the_default_methods(capsys, tmp_path)
     assert [p["id"] for p in report["prompts"]] == ["1", "161"]
     # the defaults: the shipped draft and datastore, every drafter with k = auto, no fixed k
     assert [m["name"] for m in report["methods"]] == ["normal", "spec-ngram-kauto", "spec-store-kauto",
-                                                      "spec-store-head-kauto", "spec-draft-kauto",
-                                                      "spec-composite-kauto"]
-    assert report["config"]["datastore"] == report["config"]["head"] == "smollm2-135m-instruct"
-    assert set(report["composite_vs_sources"]["spec-store-head-kauto"]["overall"]) >= {"best_source", "ratio"}
+                                                      "spec-draft-kauto", "spec-composite-kauto"]
+    assert report["config"]["datastore"] == "smollm2-135m-instruct" and report["config"]["head"] is None
     assert set(report["composite_vs_sources"]["spec-composite-kauto"]["overall"]) >= {"best_source", "ratio"}
     for m in report["methods"]:
         assert set(m["categories"]) == {"writing", "summarization"}
         assert m["mismatches"] == []  # float32 greedy
     assert "spec-composite-kauto" in out
+
+
+@needs_model
+def test_bench_runs_the_hidden_state_head_when_asked(capsys, tmp_path):
+    import json
+
+    from test_bench import SPEC_BENCH_ROWS
+
+    questions = tmp_path / "question.jsonl"
+    questions.write_text("".join(json.dumps(r) + "\n" for r in SPEC_BENCH_ROWS[:2]))
+    rc, out, err = run(capsys, "bench", "--prompts", questions, "--no-peers", "--no-llama-cpp", "--no-draft",
+                       "--head", MODEL, "--max-tokens", 8, "--trials", 1, "--threads", 2, "--out", tmp_path / "out")
+    assert rc == 0, err
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert [m["name"] for m in report["methods"]] == ["normal", "spec-ngram-kauto", "spec-store-kauto",
+                                                      "spec-store-head-kauto"]
+    assert all(m["mismatches"] == [] for m in report["methods"])  # bf16 on the kernel: exact
+    assert set(report["composite_vs_sources"]["spec-store-head-kauto"]["overall"]) >= {"best_source", "ratio"}
 
 
 @needs_model
