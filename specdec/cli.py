@@ -400,7 +400,7 @@ def cmd_train_head(args) -> int:
         lines.append(line)
         print(line, file=sys.stderr)
 
-    recipe = " ".join(["specdec", *sys.argv[1:]])
+    recipe = " ".join(["specdec", *args.argv])
     history = train_head(target, data, out / "head.safetensors", epochs=args.epochs, batch=args.batch, lr=args.lr,
                          seed=args.seed, recipe=recipe, log=log,
                          progress=lambda total: tqdm(total=total, desc="training", file=sys.stderr))
@@ -411,6 +411,7 @@ def cmd_train_head(args) -> int:
     if args.ship:
         import shutil
 
+        Path(args.ship).mkdir(parents=True, exist_ok=True)
         for name in ("head.safetensors", "train-log.json"):
             shutil.copy(out / name, Path(args.ship) / name)
         print(f"shipped into {args.ship}/", file=sys.stderr)
@@ -550,6 +551,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.argv = [str(a) for a in (sys.argv[1:] if argv is None else argv)]  # the command, for recipes
     if getattr(args, "model", None) is not None and args.engine is None:
         from .models.loading import default_engine
 

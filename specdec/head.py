@@ -16,6 +16,8 @@ so the acceptance rules stay exact (q is one-hot).
 
 Trained (`specdec train-head`) on the target's hidden states over the datastore's own
 replies, to predict the token two ahead; W starts at zero (the head then scores b itself).
+An option: it makes 2-5% more tokens a pass, and its work a step costs nearly as much on a
+2-core CPU (docs/benchmark.md, "The hidden-state head, built").
 """
 from __future__ import annotations
 

@@ -2,6 +2,8 @@
 its file, its training, and the shipped one on the default target."""
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -217,6 +219,26 @@ def test_training_learns_the_token_two_ahead_and_writes_a_head_that_loads(tiny, 
     assert history["epochs"][-1]["held_out_top1"] > history["top1_at_zero"] + 0.2
     head = load_head(tmp_path / "head.safetensors", tiny)
     assert head.side.shape == (D, D) and len(head.proposable) == V  # all V: fewer than it keeps
+
+
+def test_train_head_command_writes_a_head_its_log_and_a_shipped_copy(tmp_path, capsys):
+    from specdec.cli import main
+
+    save_tiny(tmp_path / "target", "llama", 0)
+    rng = np.random.default_rng(1)
+    Datastore([rng.integers(0, V, 40) for _ in range(60)], V).save(tmp_path / "store.safetensors")
+    args = ["train-head", "--target", tmp_path / "target", "--datastore", tmp_path / "store.safetensors",
+            "--out", tmp_path / "run", "--epochs", "1", "--batch", "64", "--ship", tmp_path / "ship"]
+    assert main([str(a) for a in args]) == 0
+    log = json.loads((tmp_path / "ship" / "train-log.json").read_text())
+    assert log["positions"] == 60 * 40 and len(log["epochs"]) == 1 and log["command"].startswith("specdec train-head")
+    target = specdec.load_model(tmp_path / "target", dtype="bfloat16")
+    assert load_head(tmp_path / "ship" / "head.safetensors", target).side.shape == (D, D)
+    # Again: the hidden states are read back, not collected twice.
+    assert main([str(a) for a in args]) == 0
+    assert "hidden states from" in capsys.readouterr().err
+    assert main(["train-head", "--datastore", str(tmp_path / "missing.safetensors"), "--target",
+                 str(tmp_path / "target"), "--out", str(tmp_path / "run2")]) == 2
 
 
 # ----------------------------------------------------------------------------- the shipped head
