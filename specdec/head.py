@@ -65,10 +65,11 @@ class HiddenHead:
             raise ValueError(f"{name}: its proposable tokens do not fit the target's vocabulary")
         self.name, self.target = name, target
         self.side = weight[:, :D].to(target.dtype).contiguous()  # W_h: side rows of the target's pass
-        # The per-step work is small, and runs between the kernel's passes, whose idle threads
-        # still hold the cores: a 576 x 576 product there takes 150-190 us in torch or numpy
-        # (13 us on a quiet core). So W_e e(b) + c is kept per token once computed (a text's
-        # bonus tokens repeat), and the rest is elementwise numpy.
+        # The per-step work is small, but it runs cold, right after a pass has streamed the
+        # weights through the caches: a 576 x 576 product there takes 85 us in numpy, and torch
+        # adds its two threads' start-up, 150-190 us in all (scripts/probes/after_pass.py).
+        # So W_e e(b) + c is kept per token once computed (a text's bonus tokens repeat), and
+        # the rest is elementwise numpy.
         self.w_e, self.bias = np.ascontiguousarray(weight[:, D:].float().numpy()), bias.float().numpy()
         self.embed, self.lm_head = module.model.embed_tokens.weight.detach(), module.lm_head.weight.detach()
         self.proposable = proposable.long()  # (on the CPU: it indexes numpy rows too)
