@@ -484,10 +484,9 @@ class CompositeDrafter(Drafter):
     def _led_by(self, ids, first: int, k: int) -> list[int]:
         """`first`, then what the lookups would draft after it (the prompt's, else the store's)."""
         after = ids + [first]
-        match = find_match(np.asarray(after), self.lookup.max_ngram, self.lookup.min_ngram)
-        if match:
+        if match := self.lookup._search(after):
             return [first] + after[match[0]: match[0] + k - 1]
-        found = self.store.store.match(after)
+        found = self.store._search(after)
         return [first] + (self.store.store.continuation(found, k - 1) if found else [])
 
     def _head_choice(self, ids, row, k, source, chain):

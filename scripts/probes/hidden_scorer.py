@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 from pathlib import Path
 
 import numpy as np
@@ -32,6 +31,7 @@ from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
 import specdec
+import specdec.head
 from specdec.bench.suite import load_suite, render
 from specdec.drafters import find_match
 
@@ -72,66 +72,29 @@ class Head(torch.nn.Module):
 
 
 def collect(args) -> None:
+    """The product's collection (specdec.head.collect), kept as a file for train and replay."""
     target = specdec.load_model("smollm2-135m-instruct")
     store = specdec.load_datastore("smollm2-135m-instruct")
-    cut = np.flatnonzero(store.tokens == store.gap)
-    seqs = [store.tokens[a + 1: b] for a, b in zip(np.concatenate([[-1], cut[:-1]]), cut)]
-    seqs = [s for s in seqs if len(s) >= 8][: args.sequences]
-    n = sum(map(len, seqs))
-    H = torch.empty(n, target.module.cfg.hidden_size, dtype=torch.bfloat16)
-    T, S, at = [], [], 0
-    for i, s in enumerate(tqdm(seqs, desc="sequences")):
-        h, _ = hidden_states(target.module, s.tolist(), logits=False)
-        H[at: at + len(s)] = h
-        at += len(s)
-        T.append(torch.from_numpy(s.astype(np.int64)))
-        S.append(torch.full((len(s),), i))
+    data = specdec.head.collect(target, store, lambda xs: tqdm(xs, desc="sequences"))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    save_file({"h": H, "tokens": torch.cat(T), "seq": torch.cat(S)}, out / "hidden.safetensors")
-    print(f"{sum(map(len, seqs)):,} positions of {len(seqs)} sequences -> {out / 'hidden.safetensors'}")
-
-
-def pairs(data, held: bool):
-    """(h at t, token t+1, token t+2) within a sequence; held: the held-out 5% of sequences."""
-    seq, tokens = data["seq"], data["tokens"]
-    ok = (seq[:-2] == seq[2:]) & ((seq[:-2] % 20 == 0) == held)
-    idx = torch.nonzero(ok).squeeze(1)
-    return data["h"][idx], tokens[idx + 1], tokens[idx + 2]
+    save_file(data, out / "hidden.safetensors")
+    print(f"{len(data['tokens']):,} positions -> {out / 'hidden.safetensors'}")
 
 
 def train(args) -> None:
-    torch.manual_seed(0)
+    """The product's training (specdec.head.train_head), from a collected file."""
     target = specdec.load_model("smollm2-135m-instruct")
     data = load_file(Path(args.data) / "hidden.safetensors")
-    h, b, y = pairs(data, False)
-    vh, vb, vy = pairs(data, True)
-    head = Head(target.module)
-    opt = torch.optim.AdamW(head.w.parameters(), lr=args.lr, weight_decay=0.0)
-    steps = args.epochs * math.ceil(len(h) / args.batch)
-    sched = torch.optim.lr_scheduler.OneCycleLR(opt, args.lr, total_steps=steps, pct_start=0.05)
+    specdec.head.train_head(target, data, Path(args.data) / "head.safetensors", epochs=args.epochs,
+                            batch=args.batch, lr=args.lr, progress=lambda total: tqdm(total=total, desc="training"))
 
-    def evaluate():
-        with torch.no_grad():
-            right = sum(int((head(vh[i:i + 4096], vb[i:i + 4096]).argmax(-1) == vy[i:i + 4096]).sum())
-                        for i in range(0, len(vh), 4096))
-        return right / len(vh)
 
-    print(f"{len(h):,} training pairs, {len(vh):,} held out; at zero (scores b itself): {evaluate():.3f} top-1")
-    bar = tqdm(total=steps, desc="training")
-    for epoch in range(args.epochs):
-        perm = torch.randperm(len(h))
-        for i in range(0, len(h), args.batch):
-            j = perm[i:i + args.batch]
-            loss = F.cross_entropy(head(h[j], b[j]), y[j])
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            sched.step()
-            bar.update()
-            bar.set_postfix(loss=f"{loss.item():.3f}")
-        print(f"epoch {epoch + 1}: held-out top-1 of the token two ahead {evaluate():.3f}")
-    save_file(head.w.state_dict(), Path(args.data) / "head.safetensors")
+def load_weights(head: Head, path) -> Head:
+    """A head file's W and c (a specdec head file, or the probe's older one) into a Head."""
+    state = load_file(str(path))
+    head.w.load_state_dict({k: state[k].float() for k in ("weight", "bias")})
+    return head
 
 
 def auc(scores, labels) -> float:
@@ -203,7 +166,7 @@ def replay(args) -> None:
     target = specdec.load_model("smollm2-135m-instruct")
     store = specdec.load_datastore("smollm2-135m-instruct")
     head = Head(target.module)
-    head.w.load_state_dict(load_file(Path(args.data) / "head.safetensors"))
+    load_weights(head, Path(args.data) / "head.safetensors")
     prompts = load_suite(args.prompts)
     render(prompts, target, target.tokenizer)
     rows = []  # one per step that a source proposed at
@@ -283,7 +246,6 @@ def main() -> None:
     sub = ap.add_subparsers(dest="cmd", required=True)
     c = sub.add_parser("collect")
     c.add_argument("--out", required=True)
-    c.add_argument("--sequences", type=int, default=10**9)
     t = sub.add_parser("train")
     t.add_argument("--data", required=True)
     t.add_argument("--epochs", type=int, default=2)

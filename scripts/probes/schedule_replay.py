@@ -28,7 +28,6 @@ from collections import Counter, defaultdict
 
 import numpy as np
 import torch
-from safetensors.torch import load_file
 
 import specdec
 from specdec import CompositeDrafter, NgramDrafter
@@ -38,7 +37,7 @@ from specdec.bench.suite import load_suite, render
 from specdec.sampling import SamplingParams
 from specdec.schedule import AdaptiveK, SourceStats
 
-from hidden_scorer import Head, hidden_states
+from hidden_scorer import Head, hidden_states, load_weights
 
 GREEDY = SamplingParams(temperature=0.0)
 
@@ -250,7 +249,7 @@ def main() -> None:
     calls, sure, long_offers, scored = [], {}, {}, {}
     if args.head:
         head = Head(target.module)
-        head.w.load_state_dict(load_file(args.head))
+        load_weights(head, args.head)
     for p in prompts:
         out = specdec.generate(target, None, p.ids, report["config"]["max_tokens"]).token_ids
         calls.append((p, offers(CompositeDrafter(lookup=NgramDrafter(), datastore=store), p.ids, out, args.k_max)))
