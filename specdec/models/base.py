@@ -35,6 +35,12 @@ import torch
 
 from . import kernel
 from .llama import Llama
+from .pages import to_huge_pages
+
+
+def _on_pages(t: torch.Tensor) -> torch.Tensor:
+    """A contiguous copy of t, on 2 MB pages if it is on the CPU (pages.py): rows every pass reads."""
+    return to_huge_pages({"t": t})["t"] if t.device.type == "cpu" else t.contiguous()
 
 
 def eos_ids_of(config, tokenizer=None) -> tuple[int, ...]:
@@ -143,7 +149,7 @@ class NativeLM(LanguageModel):
         ids = self.as_tensor(token_ids)
         if ids.ndim != 1 or ids.numel() == 0 or int(ids.min()) < 0 or int(ids.max()) >= self.vocab_size:
             raise ValueError(f"head token ids must be a non-empty list of ids in [0, {self.vocab_size})")
-        self.head = (ids, self.module.lm_head.weight[ids].contiguous())
+        self.head = (ids, _on_pages(self.module.lm_head.weight[ids]))
 
     @property
     def cache_len(self) -> int:
@@ -164,7 +170,7 @@ class NativeLM(LanguageModel):
             if side.ndim != 2 or side.shape[1] != w.shape[1] or side.dtype != w.dtype:
                 raise ValueError(f"side rows must be [E, {w.shape[1]}] in {w.dtype}, got {tuple(side.shape)} "
                                  f"in {side.dtype}")
-            self._side = (side, torch.cat([w, side]).contiguous())
+            self._side = (side, _on_pages(torch.cat([w, side])))
         return None, self._side[1]
 
     def forward(self, ids, last_only: bool = False, side=None) -> torch.Tensor:

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import torch
 
+from . import pages
+
 
 class KVCache:
     """Preallocated keys/values for every layer and each of `batch` sequences, each valid up
@@ -18,8 +20,11 @@ class KVCache:
 
     def __init__(self, cfg, capacity: int, dtype: torch.dtype, device, batch: int = 1):
         shape = (cfg.num_layers, batch, cfg.num_kv_heads, capacity, cfg.head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        if torch.device(device).type == "cpu":
+            self.k, self.v = pages.zeros(shape, dtype), pages.zeros(shape, dtype)
+        else:
+            self.k = torch.zeros(shape, dtype=dtype, device=device)
+            self.v = torch.zeros(shape, dtype=dtype, device=device)
         self.lengths = [0] * batch
 
     @property

@@ -17,6 +17,7 @@ import torch
 
 from .base import HFAdapter, LanguageModel, NativeLM, eos_ids_of
 from .llama import Llama, LlamaConfig, rope_inv_freq
+from .pages import to_huge_pages
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 
@@ -382,6 +383,8 @@ def build_llama(cfg: LlamaConfig, files, dtype, device) -> Llama:
     if cfg.tie_word_embeddings:
         state.pop("lm_head.weight", None)
     state = {k: v.to(dtype) for k, v in state.items()}
+    if torch.device(device).type == "cpu":
+        state = to_huge_pages(state)
     missing, unexpected = module.load_state_dict(state, strict=False, assign=True)
     missing = [k for k in missing if not (cfg.tie_word_embeddings and k == "lm_head.weight")]
     if missing or unexpected:
