@@ -4,7 +4,7 @@ A decoding pass reads every weight once, 270 MB for the default target: on 4 KB 
 69,000 pages a pass, each a TLB miss and a page walk, and the CPU's prefetchers stop at every
 page's end. Linux backs anonymous memory with 2 MB pages where it is asked to
 (`madvise(MADV_HUGEPAGE)`; transparent huge pages in "madvise" or "always" mode), so the weights
-and the KV cache live in such memory: a one-token pass takes 2-4% less time
+and the KV cache live in such memory. It gains 0-1% on a quiet machine, about 2% on a busy one
 (docs/kernels.md, "Weights on 2 MB pages"). Where the OS does not give them, the memory is
 ordinary and nothing else changes.
 """
