@@ -1,5 +1,6 @@
 """Weights and caches on 2 MB pages (specdec/models/pages.py): the same values, shared storage
 kept shared, and, where Linux gives transparent huge pages on request, really on them."""
+import mmap
 from pathlib import Path
 
 import pytest
@@ -45,7 +46,9 @@ def test_on_huge_pages_where_linux_gives_them():
     t = pages.zeros((8 << 20,), torch.uint8)
     t.fill_(1)  # pages are given on first touch
     assert huge_kb_at(t.data_ptr()) >= 4096
-    ordinary = torch.zeros(8 << 20, dtype=torch.uint8)
+    m = mmap.mmap(-1, 8 << 20, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    m.madvise(mmap.MADV_NOHUGEPAGE)  # not torch's allocator: glibc may put large blocks on huge pages
+    ordinary = torch.frombuffer(m, dtype=torch.uint8)
     ordinary.fill_(1)
     assert huge_kb_at(ordinary.data_ptr()) == 0  # the check itself tells them apart
 
