@@ -15,7 +15,8 @@ Statistics are kept per *source*: prompt lookup (free, right in runs, and the mo
 often the longer the matched n-gram) and a model draft (costly, right ~1/3 of the time)
 differ too much for one blended estimate to fit either. Where a composite drafter has
 both a match and its model, the schedule takes whichever promises more. A source it has not
-measured yet is tried at once, unless a measured one the drafter prefers to it already beats
+measured yet is tried at once (at the k its prior makes the most of at the costs measured:
+`first_try`), unless a measured one the drafter prefers to it already beats
 a plain step (a model draft beside a lookup that keeps paying is never run, nor its prompt
 read), or the verify costs measured are so steep that even its prior would not pay (then
 only probes, below, measure it).
@@ -217,7 +218,7 @@ class AdaptiveK:
                 for s in measured]
         best = [(n, k) if n else (s[0] if s else None, 0) for n, s in zip(plan, rows)]
         if any(unmeasured):
-            return [(u, min(2, self.k_max)) if u else plan for u, plan in zip(unmeasured, best)]
+            return [(u, self.first_try()) if u else plan for u, plan in zip(unmeasured, best)]
         if all(k == 0 for _, k in best):  # plain decoding: count towards each source's next probe
             probing = []
             stretch = max(1.0, (self.pass_time(2) / self.pass_time(1) - 1) / self.PROBE_COST)
@@ -236,6 +237,16 @@ class AdaptiveK:
                         probing.remove(name)
                 return plan
         return best
+
+    def first_try(self) -> int:
+        """k for a source's first try once some passes are measured: the k its prior (p = PRIOR
+        a draft, drafting free) makes the most tokens a second of at the verify costs measured
+        so far. Where blocks cost little more than a one-token pass (the native kernel) that is
+        3-4, so a first try at a long copy is not cut at 2 tokens; where a 2-token pass costs
+        1.3x (llama.cpp's bf16 blocks) it is 2, what first tries drafted on every engine
+        before (docs/benchmark.md, "Route: the schedule")."""
+        tokens = [expected_tokens_per_step(self.PRIOR, k) for k in range(self.k_max + 1)]
+        return max(range(1, self.k_max + 1), key=lambda k: tokens[k] / self.pass_time(k + 1))
 
     def tree_size(self, k: int, source: str, size: int) -> int:
         """Nodes to draft this step as a tree of at most `size`: the chain's k, or all `size`

@@ -3,13 +3,16 @@ engine's kernel, its pure-torch path, and llama.cpp on the same bf16 weights. Ro
 all engines and sizes in turn, so that a noisy spell hits each alike; medians. Then the time
 each takes to read a prompt of --prompt tokens (the prefill), per token.
 
-    python3 scripts/probes/pass_cost.py [--threads 2] [--rounds 5] [--prompt 750]
+    python3 scripts/probes/pass_cost.py [--threads 2] [--rounds 5] [--prompt 750] [--gguf FILE ...]
+
+--gguf adds llama.cpp on other GGUF files of the same model (a quantized one, say) beside them.
 """
 from __future__ import annotations
 
 import argparse
 import statistics
 import time
+from pathlib import Path
 
 import torch
 
@@ -35,6 +38,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--prompt", type=int, default=750, help="tokens of the prompt whose reading is timed")
+    ap.add_argument("--gguf", nargs="*", default=[], help="more GGUF files to time on llama.cpp")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     native = specdec.load_model("smollm2-135m-instruct")
@@ -43,6 +47,8 @@ def main() -> None:
         engines["llama.cpp"] = specdec.load_model("smollm2-135m-instruct", engine="llama.cpp")
     except ImportError as e:
         print(f"(no llama.cpp: {e})")
+    for path in args.gguf:
+        engines[f"llama.cpp {Path(path).stem[-12:]}"] = specdec.load_model(path, engine="llama.cpp")
     lib = kernel.library()
     times = {(e, n): [] for e in engines for n in SIZES}
     prompt = {e: [] for e in engines}

@@ -180,12 +180,16 @@ class Offers(list):
 
 
 class FirstTry(AdaptiveK):
-    """auto, but a source's first try drafts K0 tokens instead of 2."""
+    """auto, but a source's first try drafts K0 tokens (2 on any engine, as shipped before),
+    not the k its prior makes the most of at the costs measured so far (AdaptiveK.first_try)."""
     K0 = 4
 
-    def choose_batch(self, rows):
-        return [(src, min(self.K0, self.k_max)) if src and k and self.sources[src].t_draft is None else (src, k)
-                for src, k in super().choose_batch(rows)]
+    def first_try(self):
+        return min(self.K0, self.k_max)
+
+
+class FirstTryTwo(FirstTry):
+    K0 = 2
 
 
 class FamilyPrior(AdaptiveK):
@@ -283,6 +287,7 @@ def main() -> None:
         "auto, its costs carried": chained("costs", True),
         "auto, everything carried": chained("all", False),
         "auto, first tries at k = 4": lambda steps: play(FirstTry(args.k_max), steps, cost, t1),
+        "auto, first tries at 2 (as before)": lambda steps: play(FirstTryTwo(args.k_max), steps, cost, t1),
         "auto, a sibling's prior": lambda steps: play(FamilyPrior(args.k_max), steps, cost, t1),
         "perfect": perfect,
     }
