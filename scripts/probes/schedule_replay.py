@@ -117,6 +117,11 @@ def play(schedule: AdaptiveK, steps, cost, t1: float, kinds: Counter | None = No
     return units
 
 
+def lookup_only(steps) -> list:
+    """The offers of prompt lookup alone (the default without its datastore)."""
+    return [[o for o in here if o[0].startswith("lookup")] for here in steps]
+
+
 class LongLookup(NgramDrafter):
     """Prompt lookup matching up to `max_ngram` tokens, its sources the match length up to 3,
     then bands of longer ones: a copy that has run long is a better bet than a 3-token match."""
@@ -290,6 +295,8 @@ def main() -> None:
         "auto, first tries at 2 (as before)": lambda steps: play(FirstTryTwo(args.k_max), steps, cost, t1),
         "auto, a sibling's prior": lambda steps: play(FamilyPrior(args.k_max), steps, cost, t1),
         "perfect": perfect,
+        "lookup alone, auto": lambda steps: play(AdaptiveK(args.k_max), lookup_only(steps), cost, t1),
+        "lookup alone, perfect": lambda steps: perfect(lookup_only(steps)),
     }
     for cuts in args.split:
         schedules[f"auto, split at p(b) {cuts}"] = lambda steps, cuts=tuple(map(float, cuts.split(","))): play(
