@@ -4,12 +4,21 @@ rotated: docs/benchmark.md "Method"), so that a noisy spell of the shared machin
 one method leaves behind for the next, hits each alike."""
 from __future__ import annotations
 
+import argparse
 import math
 import statistics
 import time
 from collections import defaultdict
+from types import SimpleNamespace
 
+import torch
+
+import specdec
 from specdec.bench.stats import interleaved_order
+from specdec.bench.suite import load_suite, render
+from specdec.schedule import AdaptiveK
+
+HELDOUT = "specdec/bench/prompts/heldout-specbench-v1.jsonl"
 
 
 def interleaved(methods: dict, prompts, trials: int):
@@ -45,3 +54,29 @@ def print_over_baseline(times, prompts, baseline: str, names: list[str], trials:
     for cat in sorted({p.category for p in prompts}):
         print(f"  {cat:15s}" + "".join(f" {geomean(cats[name, cat]):6.2f}x" for name in names))
 
+
+def heldout_args() -> argparse.Namespace:
+    """The schedule probes' options: --trials, --max-tokens, --engine."""
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--trials", type=int, default=2)
+    ap.add_argument("--max-tokens", type=int, default=96)
+    ap.add_argument("--engine", default="native", choices=["native", "llama.cpp"])
+    return ap.parse_args()
+
+
+def heldout_default(engine: str, max_tokens: int) -> SimpleNamespace:
+    """What the schedule probes share: the default target on `engine`, the held-out
+    Spec-Bench-mix prompts rendered for it, `auto`'s k_max there, plain decoding, and the
+    default drafter (prompt lookup + the shipped datastore) at a given num_draft_tokens."""
+    torch.set_num_threads(2)
+    target = specdec.load_model("smollm2-135m-instruct", engine=engine)
+    store = specdec.load_datastore("smollm2-135m-instruct")
+    prompts = load_suite(HELDOUT)
+    render(prompts, target, target.tokenizer)
+    tile = getattr(target, "pass_tile", None)
+    return SimpleNamespace(
+        target=target, prompts=prompts,
+        k_max=min(AdaptiveK.K_MAX, tile - 1) if tile else AdaptiveK.K_MAX,  # as "auto" takes it
+        plain=lambda ids: specdec.generate(target, None, ids, max_tokens),
+        default=lambda ids, k: specdec.speculative_generate(target, specdec.CompositeDrafter(datastore=store), None,
+                                                            ids, max_tokens, num_draft_tokens=k))

@@ -10,54 +10,28 @@ the outputs are the same. --engine llama.cpp runs them on the llama.cpp engine.
 """
 from __future__ import annotations
 
-import argparse
-
-import torch
-
-import specdec
-from _interleave import interleaved, print_over_baseline
-from specdec import CompositeDrafter, generate, speculative_generate
-from specdec.bench.suite import load_suite, render
+from _interleave import heldout_args, heldout_default, interleaved, print_over_baseline
 from specdec.schedule import AdaptiveK
-
-HELDOUT = "specdec/bench/prompts/heldout-specbench-v1.jsonl"
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--trials", type=int, default=2)
-    ap.add_argument("--max-tokens", type=int, default=96)
-    ap.add_argument("--engine", default="native", choices=["native", "llama.cpp"])
-    args = ap.parse_args()
-    torch.set_num_threads(2)
-    target = specdec.load_model("smollm2-135m-instruct", engine=args.engine)
-    store = specdec.load_datastore("smollm2-135m-instruct")
-    prompts = load_suite(HELDOUT)
-    render(prompts, target, target.tokenizer)
-    tile = getattr(target, "pass_tile", None)
-    k_max = min(AdaptiveK.K_MAX, tile - 1) if tile else AdaptiveK.K_MAX  # as "auto" takes it
-
-    def default(ids, k):
-        return speculative_generate(target, CompositeDrafter(datastore=store), None, ids, args.max_tokens,
-                                    num_draft_tokens=k)
-
-    last = AdaptiveK(k_max=k_max)  # the previous carried call's schedule
+    args = heldout_args()
+    run = heldout_default(args.engine, args.max_tokens)
+    last = AdaptiveK(k_max=run.k_max)  # the previous carried call's schedule
 
     def carried(ids):
         nonlocal last
-        s = AdaptiveK(k_max=k_max)
+        s = AdaptiveK(k_max=run.k_max)
         s.verify_n, s.verify_s = dict(last.verify_n), dict(last.verify_s)
         last = s
-        return default(ids, s)
+        return run.default(ids, s)
 
-    methods = {"plain": lambda ids: generate(target, None, ids, args.max_tokens),
-               "auto (fresh)": lambda ids: default(ids, "auto"),
-               "costs carried": carried}
-    times, outs = interleaved(methods, prompts, args.trials)
+    methods = {"plain": run.plain, "auto (fresh)": lambda ids: run.default(ids, "auto"), "costs carried": carried}
+    times, outs = interleaved(methods, run.prompts, args.trials)
     assert all(a.token_ids == b.token_ids for a, b in zip(outs["auto (fresh)"], outs["costs carried"]))
-    print_over_baseline(times, prompts, "plain", [m for m in methods if m != "plain"], args.trials,
+    print_over_baseline(times, run.prompts, "plain", [m for m in methods if m != "plain"], args.trials,
                         title=f"{args.engine} engine: ")
-    print_over_baseline(times, prompts, "auto (fresh)", ["costs carried"], args.trials, title="paired: ")
+    print_over_baseline(times, run.prompts, "auto (fresh)", ["costs carried"], args.trials, title="paired: ")
 
 
 if __name__ == "__main__":

@@ -10,50 +10,23 @@ on the held-out Spec-Bench-mix prompts; greedy, so the outputs are the same.
 """
 from __future__ import annotations
 
-import argparse
-
-import torch
-
-import specdec
-from _interleave import interleaved, print_over_baseline
-from specdec import CompositeDrafter, generate, speculative_generate
-from specdec.bench.suite import load_suite, render
-from specdec.schedule import AdaptiveK
-
+from _interleave import heldout_args, heldout_default, interleaved, print_over_baseline
 from schedule_replay import FirstTryTwo
-
-HELDOUT = "specdec/bench/prompts/heldout-specbench-v1.jsonl"
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--trials", type=int, default=2)
-    ap.add_argument("--max-tokens", type=int, default=96)
-    ap.add_argument("--engine", default="native", choices=["native", "llama.cpp"])
-    args = ap.parse_args()
-    torch.set_num_threads(2)
-    target = specdec.load_model("smollm2-135m-instruct", engine=args.engine)
-    store = specdec.load_datastore("smollm2-135m-instruct")
-    prompts = load_suite(HELDOUT)
-    render(prompts, target, target.tokenizer)
-    tile = getattr(target, "pass_tile", None)
-    k_max = min(AdaptiveK.K_MAX, tile - 1) if tile else AdaptiveK.K_MAX  # as "auto" takes it
-
-    def default(ids, k):
-        return speculative_generate(target, CompositeDrafter(datastore=store), None, ids, args.max_tokens,
-                                    num_draft_tokens=k)
-
+    args = heldout_args()
+    run = heldout_default(args.engine, args.max_tokens)
     new, old = "auto (first tries at the prior's best k)", "first tries at 2"
-    methods = {"plain": lambda ids: generate(target, None, ids, args.max_tokens),
-               old: lambda ids: default(ids, FirstTryTwo(k_max=k_max)),
-               new: lambda ids: default(ids, "auto")}
-    times, outs = interleaved(methods, prompts, args.trials)
+    methods = {"plain": run.plain, old: lambda ids: run.default(ids, FirstTryTwo(k_max=run.k_max)),
+               new: lambda ids: run.default(ids, "auto")}
+    times, outs = interleaved(methods, run.prompts, args.trials)
     differ = sum(a.token_ids != b.token_ids for a, b in zip(outs[new], outs[old]))
     # (llama.cpp rounds a block's rows unlike its one-token passes, so there greedy outputs may part at ties)
     assert args.engine != "native" or not differ, "greedy outputs differ on the native engine"
     print(f"{differ} of {len(outs[new])} outputs differ between the two")
-    print_over_baseline(times, prompts, "plain", [old, new], args.trials, title=f"{args.engine} engine: ")
-    print_over_baseline(times, prompts, old, [new], args.trials, title="paired: ")
+    print_over_baseline(times, run.prompts, "plain", [old, new], args.trials, title=f"{args.engine} engine: ")
+    print_over_baseline(times, run.prompts, old, [new], args.trials, title="paired: ")
 
 
 if __name__ == "__main__":
