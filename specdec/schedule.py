@@ -244,7 +244,11 @@ class AdaptiveK:
         so far. Where blocks cost little more than a one-token pass (the native kernel) that is
         3-4, so a first try at a long copy is not cut at 2 tokens; where a 2-token pass costs
         1.3x (llama.cpp's bf16 blocks) it is 2, what first tries drafted on every engine
-        before (docs/benchmark.md, "Later the same day on the Zen 5 VM")."""
+        before (docs/benchmark.md, "Later the same day on the Zen 5 VM"). Until passes of two
+        sizes are measured the line is flat (`pass_time`), which would make every k look free:
+        then 2, modestly."""
+        if len(self.verify_n) < 2:
+            return min(2, self.k_max)
         tokens = [expected_tokens_per_step(self.PRIOR, k) for k in range(self.k_max + 1)]
         return max(range(1, self.k_max + 1), key=lambda k: tokens[k] / self.pass_time(k + 1))
 

@@ -165,8 +165,11 @@ def test_a_first_try_drafts_what_the_prior_makes_most_of_at_the_measured_costs()
     # A 2-token pass at 1.3x and 0.15x more a token (llama.cpp's bf16 blocks): 2, as before.
     dear = trained(0.01, t_draft=0.0, verify=lambda k: T * (1.15 + 0.15 * k) if k else T, source="lookup1")
     assert dear.choose(("store2",)) == ("store2", 2)
-    # Nothing measured yet: 2, modestly.
+    # Nothing measured yet, or passes of one size only (a flat line: every k would look free): 2.
     assert AdaptiveK().choose(("store2",)) == ("store2", 2)
+    one_size = AdaptiveK()
+    one_size.update(2, 2, 0.0, 1.05 * T, "lookup1")
+    assert one_size.choose(("store2",)) == ("store2", 2)
 
 
 def test_verify_cost_is_a_line_fitted_to_noisy_passes():
