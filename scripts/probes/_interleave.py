@@ -67,7 +67,8 @@ def heldout_args() -> argparse.Namespace:
 def heldout_default(engine: str, max_tokens: int) -> SimpleNamespace:
     """What the schedule probes share: the default target on `engine`, the held-out
     Spec-Bench-mix prompts rendered for it, `auto`'s k_max there, plain decoding, and the
-    default drafter (prompt lookup + the shipped datastore) at a given num_draft_tokens."""
+    default drafter (prompt lookup + the shipped datastore, or another drafter) at a given
+    num_draft_tokens."""
     torch.set_num_threads(2)
     target = specdec.load_model("smollm2-135m-instruct", engine=engine)
     store = specdec.load_datastore("smollm2-135m-instruct")
@@ -75,8 +76,8 @@ def heldout_default(engine: str, max_tokens: int) -> SimpleNamespace:
     render(prompts, target, target.tokenizer)
     tile = getattr(target, "pass_tile", None)
     return SimpleNamespace(
-        target=target, prompts=prompts,
+        target=target, store=store, prompts=prompts,
         k_max=min(AdaptiveK.K_MAX, tile - 1) if tile else AdaptiveK.K_MAX,  # as "auto" takes it
         plain=lambda ids: specdec.generate(target, None, ids, max_tokens),
-        default=lambda ids, k: specdec.speculative_generate(target, specdec.CompositeDrafter(datastore=store), None,
-                                                            ids, max_tokens, num_draft_tokens=k))
+        default=lambda ids, k, drafter=None: specdec.speculative_generate(
+            target, drafter or specdec.CompositeDrafter(datastore=store), None, ids, max_tokens, num_draft_tokens=k))
