@@ -198,7 +198,7 @@ def test_ceilings_with_a_datastore_and_pass_costs(tiny):
     outputs = {p.id: generate(target, None, p.ids, 30).token_ids for p in prompts}
     store = Datastore([generate(noisy, None, p, 30).token_ids for p in ([7, 7, 3], [2, 40, 12])], target.vocab_size)
     flat = dict.fromkeys(range(1, 10), 1.0)
-    c = ceilings(prompts, outputs, 8, ModelDrafter(noisy), store, flat, 0.0)
+    c = ceilings(prompts, outputs, 8, ModelDrafter(noisy), store, flat)
     kinds = {"lookup", "datastore", "lookup_or_datastore", "draft", "lookup_or_draft", "all_three"}
     assert set(c) == {"k_max", "speedup"} | kinds and set(c["speedup"]) == {"end_to_end"} | kinds
     assert c["speedup"]["end_to_end"] is False
@@ -212,9 +212,15 @@ def test_ceilings_with_a_datastore_and_pass_costs(tiny):
             ratios.append((len(outputs[p.id]) - 1) / fewest_passes(best))
         assert c["speedup"][kind]["overall"] == pytest.approx(float(np.exp(np.mean(np.log(ratios))))), kind
     assert c["all_three"]["overall"] >= max(c[k]["overall"] for k in kinds)
+    # A draft token charged its cost: the draft's perfect schedule slows, the free sources' does not.
+    charged = {"c": 0.5, "measured": "in the loop"}
+    dear = ceilings(prompts, outputs, 8, ModelDrafter(noisy), store, flat, charged)
+    assert dear["draft_cost"] == charged
+    assert dear["speedup"]["draft"]["overall"] < c["speedup"]["draft"]["overall"]
+    assert dear["speedup"]["lookup_or_datastore"] == c["speedup"]["lookup_or_datastore"]
     # End to end: the prefill, the same work for both, dilutes the decode speedup.
     plain = {p.id: (1.0, 0.5) for p in prompts}
-    e2e = ceilings(prompts, outputs, 8, None, store, flat, 0.0, plain)["speedup"]
+    e2e = ceilings(prompts, outputs, 8, None, store, flat, None, plain)["speedup"]
     assert e2e["end_to_end"] is True
     decode = c["speedup"]["lookup_or_datastore"]["categories"]["b"]  # one prompt in "b"
     assert e2e["lookup_or_datastore"]["categories"]["b"] == pytest.approx(1 / (0.5 + 0.5 / decode))

@@ -131,15 +131,16 @@ KINDS = {"lookup": ("lookup",), "datastore": ("datastore",), "lookup_or_datastor
 
 
 def ceilings(prompts, outputs: dict[str, list[int]], k_max: int, drafter: ModelDrafter | None = None,
-             store: Datastore | None = None, pass_cost: dict[int, float] | None = None, draft_c: float = 0.0,
-             plain: dict[str, tuple[float, float]] | None = None) -> dict:
+             store: Datastore | None = None, pass_cost: dict[int, float] | None = None,
+             draft_cost: dict | None = None, plain: dict[str, tuple[float, float]] | None = None) -> dict:
     """Tokens per verification pass at best, for prompt lookup, the datastore and the draft
     model (each if given), and for the best of them at each step (what a composite of them
     could reach), pooled over the prompts of each category and overall as (tokens after the
     first) / passes.
 
     With `pass_cost` ({n: a pass over n tokens in one-token passes}, n up to k_max + 1) and
-    `draft_c` (a draft token's cost in one-token passes), also "speedup": per kind, the perfect
+    `draft_cost` ({"c": a draft token's cost in one-token passes, "measured": how}), also
+    "speedup" (and "draft_cost", as charged): per kind, the perfect
     schedule's speedup over plain decoding (`fewest_units`), per prompt and pooled as geometric
     means: end to end where `plain` gives each prompt's (seconds, prefill seconds) of plain
     decoding (the prefill is the same work for both), else decode only."""
@@ -149,7 +150,7 @@ def ceilings(prompts, outputs: dict[str, list[int]], k_max: int, drafter: ModelD
     tokens = {c: 0 for c in cats + ["overall"]}
     passes = {kind: dict.fromkeys(tokens, 0) for kind in kinds}
     ratios = {kind: {c: [] for c in tokens} for kind in kinds}
-    cost = {"lookup": 0.0, "datastore": 0.0, "draft": draft_c}
+    cost = {"lookup": 0.0, "datastore": 0.0, "draft": draft_cost["c"] if draft_cost else 0.0}
     for p in prompts:
         out = outputs[p.id]
         runs = {"lookup": lookup_runs(p.ids, out, k_max)}
@@ -179,6 +180,8 @@ def ceilings(prompts, outputs: dict[str, list[int]], k_max: int, drafter: ModelD
     report = {"k_max": k_max, **{kind: pooled({where: tokens[where] / n if n else None
                                                for where, n in passes[kind].items()}) for kind in kinds}}
     if pass_cost:
+        if drafter is not None and draft_cost:
+            report["draft_cost"] = draft_cost
         report["speedup"] = {"end_to_end": plain is not None, **{kind: pooled({
             where: geomean(r) if r else None for where, r in ratios[kind].items()})
             for kind in kinds}}

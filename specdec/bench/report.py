@@ -180,10 +180,13 @@ def _md_tables(report: dict) -> list[str]:
                     [[k, _fmt(v)] for k, v in (costs.get("verify_cost") or {}).items()])
     drafts = costs.get("drafts") or {}
     return lines + _table(
-        ["drafter", "forward ms", "c"],
-        [[f"draft model `{n}`", _fmt(d.get("forward_ms")), _fmt(d.get("c"), ".4f")] for n, d in drafts.items()]
-        + [[f"`{m['name']}` (model-free)", DASH, _fmt(_get(m, "overall", "cost_ratio_c"), ".4f")]
-           for m in spec if m.get("drafter") not in drafts])
+        ["drafter", "forward ms, apart", "c, apart", "c in the loop"],
+        [[f"draft model `{n}`", _fmt(d.get("forward_ms")), _fmt(d.get("c"), ".4f"), DASH] for n, d in drafts.items()]
+        + [[f"`{m['name']}`", DASH, DASH, _fmt(_get(m, "overall", "cost_ratio_c"), ".4f")] for m in spec]) + [
+        "c: drafting time per drafted token over a one-token target pass. Apart: one warm draft pass, timed "
+        "in a loop of its own. In the loop: the drafter's time as the method ran, where a draft model's first "
+        "pass after each target pass reads its weights from memory again; what the predictions and the "
+        "ceilings use.", ""]
 
 
 CEILING_KINDS = (("lookup", "prompt lookup"), ("datastore", "datastore"),
@@ -247,9 +250,15 @@ def _md_speedup_ceilings(report: dict, kinds: list[tuple[str, str]]) -> list[str
         f"Speedup over plain decoding ({kind}, geometric mean of per-prompt ratios) of a schedule that knows "
         "how many of each source's proposals the target will accept: it drafts exactly those from the best "
         "source, or takes a plain step, paying this engine's measured pass over n tokens (`costs.pass_cost`) "
-        "and the draft's cost c a token. No schedule of these drafters does better, up to timing noise. In "
+        f"and the draft's cost c a token{_charged(report)}. No schedule of these drafters does better, up to "
+        "timing noise. In "
         "brackets: the measured speedup of the `auto` method drafting from the same sources; the gap is what "
         "a schedule that cannot see ahead leaves.", ""]
+
+
+def _charged(report: dict) -> str:
+    cost = _get(report, "ceilings", "draft_cost")
+    return f" ({cost['c']:.3f}, measured {cost['measured']})" if cost else ""
 
 
 def _md_composite_vs_sources(report: dict) -> list[str]:
