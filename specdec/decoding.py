@@ -367,6 +367,16 @@ def generate(model, tokenizer, prompt, max_tokens: int, *, temperature=0.0, top_
     return run.results()
 
 
+def auto_k_max(model, rows: int = 1) -> int:
+    """The most drafts a step `auto` takes on `model`. One row's blocks stay within the engine's
+    tile of rows, if it has one: a block of one more costs a second round of products, which the
+    schedule's line of verify costs does not see (on the AMX VM, capped at 15 the default made
+    1.74x and 1.76x plain decoding in two runs, against 1.70x and 1.72x at 16:
+    scripts/probes/schedule_kmax.py)."""
+    tile = getattr(model, "pass_tile", None)
+    return min(AdaptiveK.K_MAX, tile - 1) if tile and rows == 1 else AdaptiveK.K_MAX
+
+
 def speculative_generate(model, draft, tokenizer, prompt, max_tokens: int, *, num_draft_tokens="auto",
                          temperature=0.0, top_k=None, top_p=None, seed=None, chat=False,
                          stream: Callable | None = None) -> Generation | list[Generation]:
@@ -395,12 +405,7 @@ def speculative_generate(model, draft, tokenizer, prompt, max_tokens: int, *, nu
     if isinstance(k, AdaptiveK):
         schedule = k
     elif k == "auto":
-        # One row's blocks stay within the engine's tile of rows, if it has one: a block of one
-        # more costs a second round of products, which the schedule's line of verify costs
-        # does not see (on the AMX VM, capped at 15 the default made 1.74x and 1.76x plain
-        # decoding in two runs, against 1.70x and 1.72x at 16: scripts/probes/schedule_kmax.py).
-        tile = getattr(model, "pass_tile", None)
-        schedule = AdaptiveK(k_max=min(AdaptiveK.K_MAX, tile - 1) if tile and run.size == 1 else AdaptiveK.K_MAX)
+        schedule = AdaptiveK(k_max=auto_k_max(model, run.size))
     elif not isinstance(k, int) or isinstance(k, bool) or k < 1:
         raise ValueError(f"num_draft_tokens must be an integer >= 1, 'auto' or an AdaptiveK, got {k!r}")
     check_same_vocab(model, drafter, tokenizer)

@@ -372,7 +372,7 @@ def test_run_benchmark_ngram_and_peers(report):
         assert ms[name]["family"] == "transformers"
         assert "acceptance_rate" not in ms[name]["overall"] and "prefill_ms_mean" not in ms[name]["overall"]
     assert {p["id"]: p["grounded"] for p in report["prompts"]} == {"rag-lib": True, "qa-sky": False}
-    assert report["ceilings"]["k_max"] == 16 and set(report["ceilings"]) == {"k_max", "lookup", "speedup"}
+    assert report["ceilings"]["k_max"] == 16 and set(report["ceilings"]) == {"k_max", "lookup", "speedup", "replayed"}
     check_under_ceiling(report, {"spec-ngram-k2": "lookup", "spec-ngram-k4": "lookup", "spec-ngram-kauto": "lookup"})
     # The perfect schedule at the measured pass costs (one for every size up to k_max + 1 tokens):
     # never slower than plain decoding, since a plain step is always among its choices.
@@ -381,6 +381,10 @@ def test_run_benchmark_ngram_and_peers(report):
     sp = report["ceilings"]["speedup"]
     assert sp["end_to_end"] is True and sp["lookup"]["overall"] >= 1.0
     assert set(sp["lookup"]["categories"]) == set(ms["normal"]["categories"])
+    # auto, replayed at the same costs (no datastore here: lookup's offers only), under the perfect schedule.
+    rp = report["ceilings"]["replayed"]
+    assert set(rp) == {"k_max", "lookup"} and rp["k_max"] == 16
+    assert 0 < rp["lookup"]["overall"] <= sp["lookup"]["overall"] + 1e-9
 
 
 @needs_model

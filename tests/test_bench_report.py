@@ -129,6 +129,14 @@ def test_the_perfect_schedule_sits_beside_the_measured_auto_method(tmp_path):
     assert "| category | prompt lookup |" in table
     assert "| qa | 1.50x (2.76x) |" in table and "| overall | 2.75x (2.30x) |" in table
     assert "end to end" in table and "cannot see ahead" in table
+    assert "Where `auto`'s speedup goes" not in md  # nothing replayed
+    report["ceilings"]["replayed"] = {"k_max": 15, "lookup": {"overall": 2.5, "categories": {"qa": 1.25,
+                                                                                            "summarization": 3.5}}}
+    R.write_report(report, tmp_path)
+    replayed = (tmp_path / "report.md").read_text().split("### Where `auto`'s speedup goes")[1].split("##")[0]
+    assert "| category | prompt lookup: perfect | prompt lookup: auto replayed | prompt lookup: measured |" in replayed
+    assert "| qa | 1.50x | 1.25x | 2.76x |" in replayed and "| overall | 2.75x | 2.50x | 2.30x |" in replayed
+    assert "at most 15 drafts a step" in replayed
     R.print_summary(report, file=(out := io.StringIO()))
     lines = out.getvalue().splitlines()
     assert "perfect schedule" in lines[0]

@@ -13,7 +13,9 @@ from hypothesis import strategies as st
 
 from specdec import (CompositeDrafter, Datastore, DatastoreDrafter, ModelDrafter, NgramDrafter, generate, load_model,
                      speculative_generate)
-from specdec.bench.ceiling import KINDS, ceilings, datastore_runs, draft_runs, fewest_passes, fewest_units, lookup_runs
+from specdec.bench.ceiling import (KINDS, ceilings, datastore_runs, draft_runs, fewest_passes, fewest_units, lookup_runs,
+                                   offers, replay, replayed_units)
+from specdec.schedule import AdaptiveK
 from tiny import save_tiny
 
 
@@ -162,6 +164,52 @@ def test_datastore_replay_is_what_speculative_decoding_accepts(tiny):
     assert 0 in hits and max(hits) >= 2
 
 
+class CostedAdaptiveK(AdaptiveK):
+    """auto as the loop runs it, but measuring each pass at a given cost table instead of the
+    clock (and drafting as free), so that its choices are what the replay's would be."""
+
+    def __init__(self, pass_cost, k_max):
+        super().__init__(k_max)
+        self.pass_cost, self.steps = pass_cost, []
+
+    def update_batch(self, outcomes, draft_seconds, verify_seconds, rows=None):
+        (source, drafted, accepted), = outcomes
+        self.steps.append((source, drafted, accepted))
+        super().update_batch(outcomes, 0.0, self.pass_cost[drafted + 1], rows)
+
+
+@pytest.mark.parametrize("costs", ["flat", "steep"])
+def test_auto_replayed_makes_the_loops_choices(tiny, costs):
+    target, noisy = tiny
+    writing = [generate(m, None, p, 30).token_ids for m in (target, noisy) for p in ([7, 7, 3], [2, 40, 12], [9, 9])]
+    store = Datastore(writing, target.vocab_size, "tiny")
+    # Blocks nearly free (the native kernel) or dear (llama.cpp's bf16 blocks): auto drafts long, or little.
+    pass_cost = {n: 1.0 + (0.02 if costs == "flat" else 0.4) * (n - 1) for n in range(1, 18)}
+    drafted_any = 0
+    for prompt in PROMPTS:
+        output = generate(target, None, prompt, 40).token_ids
+        assert len(output) == 40  # no EOS: the loop's last drafts are cut where the replay's are
+        for make in (NgramDrafter, lambda: CompositeDrafter(datastore=DatastoreDrafter(store))):
+            loop = CostedAdaptiveK(pass_cost, 16)
+            assert speculative_generate(target, make(), None, prompt, 40, num_draft_tokens=loop).token_ids == output
+            steps = offers(make(), prompt, output, 16)
+            played = [(source if drafted else None, drafted, accepted)
+                      for _, _, source, drafted, accepted in replay(AdaptiveK(16), steps, pass_cost)]
+            assert played == [(source if drafted else None, drafted, accepted) for source, drafted, accepted in loop.steps]
+            units = replayed_units(steps, pass_cost, 16)
+            assert units == pytest.approx(sum(pass_cost[d + 1] for _, d, _ in played))
+            # No schedule beats the perfect one on the same offers.
+            families = {}
+            for t, here in enumerate(steps):
+                for name, _, acc, _ in here:
+                    families.setdefault(name.rstrip("0123456789"), [0] * len(output))[t] = max(
+                        families.get(name.rstrip("0123456789"), [0] * len(output))[t], acc)
+            assert units >= fewest_units(families or {"none": [0] * len(output)}, pass_cost,
+                                         dict.fromkeys(families, 0.0)) - 1e-9
+            drafted_any += sum(d for _, d, _ in played)
+    assert drafted_any > 0
+
+
 def test_the_noisy_draft_is_right_only_sometimes(tiny):
     # so that the replay above is checked on partial acceptances, not only full or none
     target, noisy = tiny
@@ -218,6 +266,13 @@ def test_ceilings_with_a_datastore_and_pass_costs(tiny):
     assert dear["draft_cost"] == charged
     assert dear["speedup"]["draft"]["overall"] < c["speedup"]["draft"]["overall"]
     assert dear["speedup"]["lookup_or_datastore"] == c["speedup"]["lookup_or_datastore"]
+    # auto itself, replayed through the same offers: never above the perfect schedule.
+    auto = ceilings(prompts, outputs, 8, None, store, flat, None, None, auto_k_max=8)
+    assert set(auto["replayed"]) == {"k_max", "lookup", "lookup_or_datastore"} and auto["replayed"]["k_max"] == 8
+    for kind in ("lookup", "lookup_or_datastore"):
+        for where in ("a", "b"):
+            assert 1.0 <= auto["replayed"][kind]["categories"][where] <= auto["speedup"][kind]["categories"][where] + 1e-9
+    assert "replayed" not in c
     # End to end: the prefill, the same work for both, dilutes the decode speedup.
     plain = {p.id: (1.0, 0.5) for p in prompts}
     e2e = ceilings(prompts, outputs, 8, None, store, flat, None, plain)["speedup"]

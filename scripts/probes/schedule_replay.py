@@ -31,30 +31,12 @@ import torch
 
 import specdec
 from specdec import CompositeDrafter, NgramDrafter
-from specdec.bench.ceiling import agreeing, fewest_units
+from specdec.bench.ceiling import fewest_units, offers, replay
 from specdec.bench.stats import geomean
 from specdec.bench.suite import load_suite, render
-from specdec.sampling import SamplingParams
 from specdec.schedule import AdaptiveK, SourceStats
 
 from hidden_scorer import Head, hidden_states, load_weights
-
-GREEDY = SamplingParams(temperature=0.0)
-
-
-def offers(drafter, prompt_ids, output, k_max):
-    """Per position t >= 1: [(source name, proposal length, accepted)] in the drafter's order."""
-    drafter.begin(len(prompt_ids) + len(output))
-    seq = list(prompt_ids) + list(output)
-    steps = [[]]
-    for t in range(1, len(output)):
-        ids = seq[: len(prompt_ids) + t]
-        here = []
-        for name in drafter.sources(ids):
-            proposal, _ = drafter.propose_rows({0: (ids, k_max, name)}, GREEDY, {0: None}).get(0, ([], None))
-            here.append((name, len(proposal), agreeing(proposal, output[t:]), proposal[0] if proposal else None))
-        steps.append(here)
-    return steps
 
 
 def chosen_probability(target, prompt_ids, output) -> list[float]:
@@ -90,18 +72,15 @@ def split_by_head(steps, scores, cut: float) -> list:
              for name, n, acc, first in here] if t else here for t, here in enumerate(steps)]
 
 
-def play(schedule: AdaptiveK, steps, cost, t1: float, kinds: Counter | None = None) -> float:
-    """One call's time in one-token passes when `schedule` chooses, learning as it goes; `kinds`
-    (if given) sums each kind of step's count, extra cost over a plain step and tokens left on
-    the table (what the best offered source would have had accepted beyond what was)."""
-    n, t, units = len(steps), 1, 0.0
-    while t < n:
-        offered = {name: (length, acc) for name, length, acc, *_ in steps[t]}
-        if isinstance(schedule, Hinted):
-            schedule.hint = steps.hints[t]
-        source, k = schedule.choose(tuple(offered))
-        k = min(k, n - t - 1)  # drafts past the end could never be kept
-        drafted, accepted = (min(k, offered[source][0]), min(k, offered[source][1])) if k and source else (0, 0)
+def play(schedule: AdaptiveK, steps, cost, kinds: Counter | None = None) -> float:
+    """One call's time in one-token passes when `schedule` chooses, learning as it goes
+    (`specdec.bench.ceiling.replay`); `kinds` (if given) sums each kind of step's count, extra
+    cost over a plain step and tokens left on the table (what the best offered source would have
+    had accepted beyond what was). A Hinted schedule is told each step's hints before it chooses."""
+    n, units = len(steps), 0.0
+    if isinstance(schedule, Hinted):
+        schedule.hint = steps.hints[1]
+    for t, offered, source, drafted, accepted in replay(schedule, steps, cost):
         units += cost[drafted + 1]
         if kinds is not None:
             best = max((min(acc, schedule.k_max, n - t - 1) for _, acc in offered.values()), default=0)
@@ -112,8 +91,8 @@ def play(schedule: AdaptiveK, steps, cost, t1: float, kinds: Counter | None = No
             kinds[kind, "steps"] += 1
             kinds[kind, "extra"] += cost[drafted + 1] - 1
             kinds[kind, "left"] += best - accepted
-        schedule.update(drafted, accepted, 0.0, cost[drafted + 1] * t1, source)
-        t += accepted + 1
+        if isinstance(schedule, Hinted) and t + accepted + 1 < n:
+            schedule.hint = steps.hints[t + accepted + 1]
     return units
 
 
@@ -245,7 +224,6 @@ def main() -> None:
     torch.set_num_threads(2)
     report = json.loads(open(args.report).read())
     cost = {int(n): v for n, v in report["costs"]["pass_cost"].items()}
-    t1 = report["costs"]["target_forward_ms"] / 1e3
     plain = defaultdict(list)
     for r in report["records"]:
         if r["method"] == "normal":
@@ -283,34 +261,34 @@ def main() -> None:
     def chained(key, costs_only):
         def run(steps):
             last[key] = carried(last.get(key), args.k_max, costs_only)
-            return play(last[key], steps, cost, t1)
+            return play(last[key], steps, cost)
         return run
 
     kinds = Counter()
     schedules = {
-        "auto (fresh each call, shipped)": lambda steps: play(AdaptiveK(args.k_max), steps, cost, t1, kinds),
+        "auto (fresh each call, shipped)": lambda steps: play(AdaptiveK(args.k_max), steps, cost, kinds),
         "auto, its costs carried": chained("costs", True),
         "auto, everything carried": chained("all", False),
-        "auto, first tries at k = 4": lambda steps: play(FirstTry(args.k_max), steps, cost, t1),
-        "auto, first tries at 2 (as before)": lambda steps: play(FirstTryTwo(args.k_max), steps, cost, t1),
-        "auto, a sibling's prior": lambda steps: play(FamilyPrior(args.k_max), steps, cost, t1),
+        "auto, first tries at k = 4": lambda steps: play(FirstTry(args.k_max), steps, cost),
+        "auto, first tries at 2 (as before)": lambda steps: play(FirstTryTwo(args.k_max), steps, cost),
+        "auto, a sibling's prior": lambda steps: play(FamilyPrior(args.k_max), steps, cost),
         "perfect": perfect,
-        "lookup alone, auto": lambda steps: play(AdaptiveK(args.k_max), lookup_only(steps), cost, t1),
+        "lookup alone, auto": lambda steps: play(AdaptiveK(args.k_max), lookup_only(steps), cost),
         "lookup alone, perfect": lambda steps: perfect(lookup_only(steps)),
     }
     for cuts in args.split:
         schedules[f"auto, split at p(b) {cuts}"] = lambda steps, cuts=tuple(map(float, cuts.split(","))): play(
-            AdaptiveK(args.k_max), split(steps, sure[steps.prompt], cuts), cost, t1)
+            AdaptiveK(args.k_max), split(steps, sure[steps.prompt], cuts), cost)
     if args.lookup_max:
         schedules[f"auto, lookup up to {args.lookup_max} tokens, banded"] = lambda steps: play(
-            AdaptiveK(args.k_max), long_offers[steps.prompt], cost, t1)
+            AdaptiveK(args.k_max), long_offers[steps.prompt], cost)
     for cut in args.head_cut if args.head else []:
         schedules[f"auto, split by the head at {cut}"] = lambda steps, cut=cut: play(
-            AdaptiveK(args.k_max), split_by_head(steps, scored[steps.prompt], cut), cost, t1)
+            AdaptiveK(args.k_max), split_by_head(steps, scored[steps.prompt], cut), cost)
     if args.calibration:
         w = fit_calibration(args.calibration)
         print("calibration weights (1, head log p, store, n, store x head log p):", np.round(w, 3))
-        schedules["auto, p_1 from the calibrated head"] = lambda steps: play(Hinted(args.k_max), steps, cost, t1)
+        schedules["auto, p_1 from the calibrated head"] = lambda steps: play(Hinted(args.k_max), steps, cost)
     ratios = defaultdict(list)
     for p, steps in calls:  # in the suite's order: what a carried schedule learned comes from earlier prompts
         seconds, prefill = plain[p.id]

@@ -22,14 +22,21 @@ the best source (or takes a plain step) and pays the pass and the draft's own co
 over plain decoding bounds what any schedule of those drafters reaches on that engine (drafting
 a lookup counted free, the loop too): the measured speedup beside it says how much of the
 drafters' worth the schedule, which cannot see ahead, takes.
+
+Between the two sits `auto` itself, replayed (`replay`): the same offers, the shipped schedule
+choosing from what it has seen so far, each pass charged the same measured costs and nothing
+outside the passes. Perfect over replayed is what not seeing ahead loses; replayed over
+measured is what the loop costs around the target's passes (the drafter's lookups, the
+schedule's arithmetic, reading the logits), and timing noise.
 """
 from __future__ import annotations
 
 import torch
 
 from ..datastore import Datastore
-from ..drafters import ModelDrafter, NgramDrafter
+from ..drafters import CompositeDrafter, Drafter, ModelDrafter, NgramDrafter
 from ..sampling import SamplingParams
+from ..schedule import AdaptiveK
 from .stats import geomean
 
 GREEDY = SamplingParams(temperature=0.0)
@@ -67,6 +74,44 @@ def datastore_runs(store: Datastore, prompt_ids: list[int], output: list[int], k
         found = store.match(seq[: len(prompt_ids) + t])
         runs.append(agreeing(store.continuation(found, k_max), output[t:]) if found else 0)
     return runs
+
+
+def offers(drafter: Drafter, prompt_ids: list[int], output: list[int], k_max: int) -> list[list[tuple]]:
+    """Per position t of the output: (source, proposal length, drafts the target accepts, first
+    proposed token) for each source a deterministic drafter offers there, in its order (t = 0:
+    none, the first token comes from the prefill). Sources are named as `auto` keys them."""
+    drafter.begin(len(prompt_ids) + len(output))
+    seq = list(prompt_ids) + list(output)
+    steps = [[]]
+    for t in range(1, len(output)):
+        ids = seq[: len(prompt_ids) + t]
+        here = []
+        for name in drafter.sources(ids):
+            proposal, _ = drafter.propose_rows({0: (ids, k_max, name)}, GREEDY, {0: None}).get(0, ([], None))
+            here.append((name, len(proposal), agreeing(proposal, output[t:]), proposal[0] if proposal else None))
+        steps.append(here)
+    return steps
+
+
+def replay(schedule: AdaptiveK, steps: list[list[tuple]], pass_cost: dict[int, float]):
+    """`schedule` choosing through one call's `offers`, learning as it goes: yields (t, the
+    offers there {source: (length, accepted)}, the source chosen, drafted, accepted) for each
+    pass. It measures each pass at pass_cost (its choices depend on ratios of times only, so
+    one-token passes serve as seconds) and drafting as free."""
+    n, t = len(steps), 1
+    while t < n:
+        offered = {name: (length, acc) for name, length, acc, *_ in steps[t]}
+        source, k = schedule.choose(tuple(offered))
+        k = min(k, n - t - 1)  # drafts past the end could never be kept
+        drafted, accepted = (min(k, offered[source][0]), min(k, offered[source][1])) if k and source else (0, 0)
+        yield t, offered, source, drafted, accepted
+        schedule.update(drafted, accepted, 0.0, pass_cost[drafted + 1], source)
+        t += accepted + 1
+
+
+def replayed_units(steps: list[list[tuple]], pass_cost: dict[int, float], k_max: int) -> float:
+    """One-token passes a fresh `auto` (AdaptiveK) spends over one call's offers."""
+    return sum(pass_cost[drafted + 1] for *_, drafted, _ in replay(AdaptiveK(k_max), steps, pass_cost))
 
 
 @torch.inference_mode()
@@ -132,7 +177,8 @@ KINDS = {"lookup": ("lookup",), "datastore": ("datastore",), "lookup_or_datastor
 
 def ceilings(prompts, outputs: dict[str, list[int]], k_max: int, drafter: ModelDrafter | None = None,
              store: Datastore | None = None, pass_cost: dict[int, float] | None = None,
-             draft_cost: dict | None = None, plain: dict[str, tuple[float, float]] | None = None) -> dict:
+             draft_cost: dict | None = None, plain: dict[str, tuple[float, float]] | None = None,
+             auto_k_max: int | None = None) -> dict:
     """Tokens per verification pass at best, for prompt lookup, the datastore and the draft
     model (each if given), and for the best of them at each step (what a composite of them
     could reach), pooled over the prompts of each category and overall as (tokens after the
@@ -143,7 +189,9 @@ def ceilings(prompts, outputs: dict[str, list[int]], k_max: int, drafter: ModelD
     "speedup" (and "draft_cost", as charged): per kind, the perfect
     schedule's speedup over plain decoding (`fewest_units`), per prompt and pooled as geometric
     means: end to end where `plain` gives each prompt's (seconds, prefill seconds) of plain
-    decoding (the prefill is the same work for both), else decode only."""
+    decoding (the prefill is the same work for both), else decode only. With `auto_k_max` too,
+    "replayed": the same for `auto` itself (drafting at most that many a step), replayed through
+    the offers of prompt lookup and of lookup + the datastore (`replay`)."""
     have = {"lookup", *(["datastore"] if store is not None else []), *(["draft"] if drafter is not None else [])}
     kinds = [kind for kind, sources in KINDS.items() if have.issuperset(sources)]
     cats = sorted({p.category for p in prompts})
@@ -151,8 +199,22 @@ def ceilings(prompts, outputs: dict[str, list[int]], k_max: int, drafter: ModelD
     passes = {kind: dict.fromkeys(tokens, 0) for kind in kinds}
     ratios = {kind: {c: [] for c in tokens} for kind in kinds}
     cost = {"lookup": 0.0, "datastore": 0.0, "draft": draft_cost["c"] if draft_cost else 0.0}
+    replays = {}  # kind -> the drafter `auto` chooses from, as the bench's methods of those sources run it
+    if pass_cost and auto_k_max:
+        replays["lookup"] = NgramDrafter
+        if store is not None:
+            replays["lookup_or_datastore"] = lambda: CompositeDrafter(datastore=store)
+    replayed = {kind: {c: [] for c in tokens} for kind in replays}
     for p in prompts:
         out = outputs[p.id]
+
+        def speedup(units: float) -> float:  # over plain decoding, from one-token passes spent
+            ratio = (len(out) - 1) / units  # decode only
+            if plain:  # the prefill, the same work for both, dilutes it
+                seconds, prefill = plain[p.id]
+                ratio = seconds / (prefill + (seconds - prefill) / ratio)
+            return ratio
+
         runs = {"lookup": lookup_runs(p.ids, out, k_max)}
         if store is not None:
             runs["datastore"] = datastore_runs(store, p.ids, out, k_max)
@@ -161,16 +223,16 @@ def ceilings(prompts, outputs: dict[str, list[int]], k_max: int, drafter: ModelD
         for kind in kinds:
             sources = {s: runs[s] for s in KINDS[kind]}
             best = [max(r[t] for r in sources.values()) for t in range(len(out))]
-            ratio = None
-            if pass_cost and len(out) > 1:
-                ratio = (len(out) - 1) / fewest_units(sources, pass_cost, cost)  # decode only
-                if plain:  # the prefill, the same work for both, dilutes it
-                    seconds, prefill = plain[p.id]
-                    ratio = seconds / (prefill + (seconds - prefill) / ratio)
+            ratio = speedup(fewest_units(sources, pass_cost, cost)) if pass_cost and len(out) > 1 else None
             for where in (p.category, "overall"):
                 passes[kind][where] += fewest_passes(best)
                 if ratio is not None:
                     ratios[kind][where].append(ratio)
+        for kind, make in replays.items():
+            if len(out) > 1:
+                ratio = speedup(replayed_units(offers(make(), p.ids, out, auto_k_max), pass_cost, auto_k_max))
+                for where in (p.category, "overall"):
+                    replayed[kind][where].append(ratio)
         for where in (p.category, "overall"):
             tokens[where] += max(len(out) - 1, 0)
 
@@ -185,4 +247,8 @@ def ceilings(prompts, outputs: dict[str, list[int]], k_max: int, drafter: ModelD
         report["speedup"] = {"end_to_end": plain is not None, **{kind: pooled({
             where: geomean(r) if r else None for where, r in ratios[kind].items()})
             for kind in kinds}}
+    if replays:
+        report["replayed"] = {"k_max": auto_k_max, **{kind: pooled({
+            where: geomean(r) if r else None for where, r in replayed[kind].items()})
+            for kind in replays}}
     return report

@@ -253,7 +253,33 @@ def _md_speedup_ceilings(report: dict, kinds: list[tuple[str, str]]) -> list[str
         f"and the draft's cost c a token{_charged(report)}. No schedule of these drafters does better, up to "
         "timing noise. In "
         "brackets: the measured speedup of the `auto` method drafting from the same sources; the gap is what "
-        "a schedule that cannot see ahead leaves.", ""]
+        "a schedule that cannot see ahead leaves.", ""] + _md_replayed(report, method_of)
+
+
+def _md_replayed(report: dict, method_of: dict[str, str]) -> list[str]:
+    """Perfect, `auto` replayed, measured: where the `auto` methods' speedup goes."""
+    rp, sp = _get(report, "ceilings", "replayed"), _get(report, "ceilings", "speedup")
+    if not rp or not sp:
+        return []
+    measured = {m["name"]: m for m in _spec_methods(report)}
+    labels = dict(CEILING_KINDS)
+    kinds = [k for k in rp if k != "k_max"]
+    rows = []
+    for where in sorted(_get(rp, kinds[0], "categories") or {}) + ["overall"]:
+        path = ("overall",) if where == "overall" else ("categories", where)
+        row = [where]
+        for kind in kinds:
+            m = measured.get(method_of.get(kind))
+            row += [_fmt(_get(sp, kind, *path), ".2f", "x"), _fmt(_get(rp, kind, *path), ".2f", "x"),
+                    _fmt(_get(m, *path, "speedup", "geomean"), ".2f", "x") if m else DASH]
+        rows.append(row)
+    header = ["category"] + [f"{labels[k]}: {col}" for k in kinds for col in ("perfect", "auto replayed", "measured")]
+    return ["### Where `auto`'s speedup goes", ""] + _table(header, rows) + [
+        "Over plain decoding, as above. **auto replayed**: the shipped schedule (a fresh `auto` each prompt, "
+        f"at most {rp['k_max']} drafts a step) choosing through the same offers, learning as it goes, each pass "
+        "charged this engine's measured cost and nothing else. Perfect over replayed is what a schedule that "
+        "cannot see ahead loses; replayed over measured is what the loop costs around the target's passes "
+        "(the drafter's lookups, the schedule's arithmetic, reading the logits), and timing noise.", ""]
 
 
 def _charged(report: dict) -> str:

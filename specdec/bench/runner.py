@@ -25,6 +25,7 @@ import torch
 
 from .. import __version__
 from ..bridge import needs_bridge
+from ..decoding import auto_k_max
 from ..drafters import CompositeDrafter, ModelDrafter, NgramDrafter
 from ..head import load_head
 from ..models import kernel
@@ -424,7 +425,8 @@ def _run(cfg: BenchConfig, progress: bool, log) -> dict:
         plain = {i: (r["seconds"], r["prefill"] or 0.0) for i, r in _per_prompt(records, "normal", prompts).items()}
         report["ceilings"] = ceilings(prompts, outputs, k_max, replayed, store,
                                       {int(n): v for n, v in costs["pass_cost"].items()},
-                                      draft_cost(report["methods"], costs), plain)
+                                      draft_cost(report["methods"], costs), plain,
+                                      auto_k_max(target) if "auto" in cfg.ks else None)
     report.update(schema=SCHEMA, environment=environment(cfg, dtype), config=asdict(cfg), load_seconds=load_s)
     return report
 
