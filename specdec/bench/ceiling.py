@@ -186,12 +186,12 @@ def ceilings(prompts, outputs: dict[str, list[int]], k_max: int, drafter: ModelD
 
     With `pass_cost` ({n: a pass over n tokens in one-token passes}, n up to k_max + 1) and
     `draft_cost` ({"c": a draft token's cost in one-token passes, "measured": how}), also
-    "speedup" (and "draft_cost", as charged): per kind, the perfect
-    schedule's speedup over plain decoding (`fewest_units`), per prompt and pooled as geometric
-    means: end to end where `plain` gives each prompt's (seconds, prefill seconds) of plain
-    decoding (the prefill is the same work for both), else decode only. With `auto_k_max` too,
-    "replayed": the same for `auto` itself (drafting at most that many a step), replayed through
-    the offers of prompt lookup and of lookup + the datastore (`replay`)."""
+    "speedup" (and "draft_cost", as charged): per kind, the perfect schedule's speedup over
+    plain decoding (`fewest_units`), per prompt and pooled as geometric means: end to end where
+    `plain` gives each prompt's (seconds, prefill seconds) of plain decoding (the prefill is the
+    same work for both), else decode only. With `auto_k_max` too, "replayed": the same for `auto`
+    itself (drafting at most that many a step), replayed through the offers of prompt lookup and
+    of lookup + the datastore (`replay`)."""
     have = {"lookup", *(["datastore"] if store is not None else []), *(["draft"] if drafter is not None else [])}
     kinds = [kind for kind, sources in KINDS.items() if have.issuperset(sources)]
     cats = sorted({p.category for p in prompts})

@@ -244,7 +244,7 @@ static Operand operand(const bf16* x, int M, int K, std::vector<uint32_t>& scrat
 // the dot-product unit busy (a 1-row tile beside a 4-row one would wait on its own latency).
 // The AVX-512 form reduces its accumulators 16 at a time (sum16): tiles of 4 inputs by 4 weight
 // rows fill one reduction, where tiles of 6 left a third of the second one empty; on a Zen 5
-// CPU blocks of 9 to 128 rows took 2-7% less time (docs/kernels.md). Which rows share a tile
+// CPU blocks of 5 to 128 rows took up to 5% less time (docs/kernels.md). Which rows share a tile
 // never changes a sum, so the bits are the same either way.
 #if defined(__AVX512BF16__) && !defined(SPECDEC_GENERIC)
 constexpr int TILE_INPUTS = 4;
