@@ -16,7 +16,7 @@ import torch
 import specdec
 from specdec.bench.stats import interleaved_order
 from specdec.bench.suite import load_suite, render
-from specdec.schedule import AdaptiveK
+from specdec.decoding import auto_k_max
 
 HELDOUT = "specdec/bench/prompts/heldout-specbench-v1.jsonl"
 
@@ -74,10 +74,9 @@ def heldout_default(engine: str, max_tokens: int) -> SimpleNamespace:
     store = specdec.load_datastore("smollm2-135m-instruct")
     prompts = load_suite(HELDOUT)
     render(prompts, target, target.tokenizer)
-    tile = getattr(target, "pass_tile", None)
     return SimpleNamespace(
         target=target, store=store, prompts=prompts,
-        k_max=min(AdaptiveK.K_MAX, tile - 1) if tile else AdaptiveK.K_MAX,  # as "auto" takes it
+        k_max=auto_k_max(target),  # as "auto" takes it
         plain=lambda ids: specdec.generate(target, None, ids, max_tokens),
         default=lambda ids, k, drafter=None: specdec.speculative_generate(
             target, drafter or specdec.CompositeDrafter(datastore=store), None, ids, max_tokens, num_draft_tokens=k))
