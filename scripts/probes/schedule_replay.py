@@ -31,7 +31,7 @@ import torch
 
 import specdec
 from specdec import CompositeDrafter, NgramDrafter
-from specdec.bench.ceiling import fewest_units, offers, replay
+from specdec.bench.ceiling import fewest_units, offers, over_plain, replay
 from specdec.bench.stats import geomean
 from specdec.bench.suite import load_suite, render
 from specdec.schedule import AdaptiveK, SourceStats
@@ -297,8 +297,7 @@ def main() -> None:
         if args.calibration:
             steps.hints = hints(steps, scored[p.id], w)
         for name, units_of in schedules.items():
-            r = (len(steps) - 1) / units_of(steps)
-            ratio = seconds / (prefill + (seconds - prefill) / r)
+            ratio = over_plain(len(steps), units_of(steps), (seconds, prefill))
             ratios[name, p.category].append(ratio)
             ratios[name, "all"].append(ratio)
     cats = sorted({p.category for p in prompts}) + ["all"]

@@ -170,6 +170,17 @@ def fewest_units(runs: dict[str, list[int]], pass_cost: dict[int, float], draft_
 
 
 # Each kind: the sources a composite of them could draft from at a step.
+def over_plain(n_tokens: int, units: float, plain: tuple[float, float] | None) -> float:
+    """Speedup over plain decoding of a call that spends `units` one-token passes on the
+    n_tokens - 1 tokens after the prefill's: decode only, or end to end given plain decoding's
+    (seconds, prefill seconds) for the prompt (the prefill, the same work for both, dilutes it)."""
+    ratio = (n_tokens - 1) / units
+    if plain is None:
+        return ratio
+    seconds, prefill = plain
+    return seconds / (prefill + (seconds - prefill) / ratio)
+
+
 KINDS = {"lookup": ("lookup",), "datastore": ("datastore",), "lookup_or_datastore": ("lookup", "datastore"),
          "draft": ("draft",), "lookup_or_draft": ("lookup", "draft"),
          "all_three": ("lookup", "datastore", "draft")}
@@ -207,14 +218,7 @@ def ceilings(prompts, outputs: dict[str, list[int]], k_max: int, drafter: ModelD
     replayed = {kind: {c: [] for c in tokens} for kind in replays}
     for p in prompts:
         out = outputs[p.id]
-
-        def speedup(units: float) -> float:  # over plain decoding, from one-token passes spent
-            ratio = (len(out) - 1) / units  # decode only
-            if plain:  # the prefill, the same work for both, dilutes it
-                seconds, prefill = plain[p.id]
-                ratio = seconds / (prefill + (seconds - prefill) / ratio)
-            return ratio
-
+        speedup = lambda units: over_plain(len(out), units, plain[p.id] if plain else None)  # noqa: E731
         runs = {"lookup": lookup_runs(p.ids, out, k_max)}
         if store is not None:
             runs["datastore"] = datastore_runs(store, p.ids, out, k_max)

@@ -253,15 +253,14 @@ def _md_speedup_ceilings(report: dict, kinds: list[tuple[str, str]]) -> list[str
         f"and the draft's cost c a token{_charged(report)}. No schedule of these drafters does better, up to "
         "timing noise. In "
         "brackets: the measured speedup of the `auto` method drafting from the same sources; the gap is what "
-        "a schedule that cannot see ahead leaves.", ""] + _md_replayed(report, method_of)
+        "a schedule that cannot see ahead leaves.", ""] + _md_replayed(report, sp, measured, method_of)
 
 
-def _md_replayed(report: dict, method_of: dict[str, str]) -> list[str]:
+def _md_replayed(report: dict, sp: dict, measured: dict[str, dict], method_of: dict[str, str]) -> list[str]:
     """Perfect, `auto` replayed, measured: where the `auto` methods' speedup goes."""
-    rp, sp = _get(report, "ceilings", "replayed"), _get(report, "ceilings", "speedup")
-    if not rp or not sp:
+    rp = _get(report, "ceilings", "replayed")
+    if not rp:
         return []
-    measured = {m["name"]: m for m in _spec_methods(report)}
     labels = dict(CEILING_KINDS)
     kinds = [k for k in rp if k != "k_max"]
     rows = []
