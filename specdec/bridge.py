@@ -19,11 +19,10 @@ What the bridge loses at token boundaries is counted: a step whose first rejecte
 had the same text as the target's own continuation, cut differently (" the" proposed where
 the target wrote " th" + "e"), was lost to the tokenizers, not to the draft.
 
-Exactness does not rest on any of this: the proposal is deterministic given the context
-(the draft drafts greedily), so it is treated as q one-hot. Greedy: the target keeps the
-longest agreeing prefix plus its own token, as always. Sampling: draft x is accepted with
-probability p(x), else a token is drawn from p with x removed -- exactly the target's
-distribution for any x (sampling.rejection_sample with q = None, as for prompt lookup).
+Exactness does not rest on any of this: the target keeps drafts only where they equal its
+own choice at their position (sampling.verify), whatever proposed them. The draft drafts
+greedily, so under sampling its proposal is accepted with probability p(x), as prompt
+lookup's is.
 """
 from __future__ import annotations
 
@@ -133,7 +132,7 @@ class TextBridge(Drafter):
             ctx_len = len(memo[2][0]) + DRAFT_PER_TARGET * (len(ids) - memo[1])
         return ("model",) if self.inner.room_after(ctx_len) > 1 else ()
 
-    def propose_rows(self, requests, params, generators):
+    def propose_rows(self, requests, params, noises):
         asks, pendings, first = {}, {}, {}
         for row, (ids, k, _) in requests.items():
             ctx, pending = self._context(ids, row)
@@ -143,7 +142,7 @@ class TextBridge(Drafter):
             self.inner.keep_prefix(ctx, row)
             asks[row], pendings[row] = (ctx, k + 1, "model"), pending
             first[row] = torch.tensor(healing, device=self.inner.model.device)
-        drafts = self.inner.propose_rows(asks, GREEDY, generators, first) if asks else {}
+        drafts = self.inner.propose_rows(asks, GREEDY, noises, first) if asks else {}
         out = {row: ([], None) for row in requests}
         for row, (tokens, _) in drafts.items():
             ctx, pending = asks[row][0], pendings[row]
@@ -205,6 +204,8 @@ def bridged(drafter: Drafter, target, tokenizer) -> Drafter:
             target, drafter.model, tokenizer):
         twin = copy.copy(drafter)  # the caller's composite stays as it was
         twin.model = TextBridge(drafter.model, t_tok, target.vocab_size)
-        twin.vocab_size, twin.tokenizer = target.vocab_size, t_tok
+        twin.parts = [twin.model if part is drafter.model else part for part in drafter.parts]
+        # The bridge counts the target's tokens: its draft's context (in its own tokens) limits only it.
+        twin.vocab_size, twin.tokenizer, twin.max_context = target.vocab_size, t_tok, twin.model.max_context
         return twin
     return drafter

@@ -476,7 +476,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--categories", default=None, help="comma-separated categories to run")
     b.add_argument("--per-category", type=_positive_int, default=None, help="at most this many prompts per category")
     b.add_argument("--max-tokens", type=_positive_int, default=None, help="default 128 (48 with --quick)")
-    b.add_argument("--trials", type=_positive_int, default=None, help="default 3 (2 with --quick)")
+    b.add_argument("--trials", type=_positive_int, default=None, help="default 3, the fewest whose median one stalled trial cannot move")
     b.add_argument("--num-draft-tokens", dest="ks", type=_k_list, default=None, help="k values to run for each "
                    "drafter: 'auto' (the default, as in the API) and/or integers, e.g. auto,2,4,8 for a k sweep")
     b.add_argument("--temperature", type=_float, default=None, help="0 (the default) is greedy")

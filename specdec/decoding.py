@@ -17,8 +17,8 @@ import torch
 from .bridge import bridged, vocab_fingerprint
 from .drafters import Drafter, as_drafter
 from .models.base import LanguageModel, Rows, as_language_model
-from .schedule import AdaptiveK
-from .sampling import SamplingParams, greedy_accept, logits_to_probs, rejection_sample, select, tree_accept
+from .schedule import AdaptiveK, FixedCosts
+from .sampling import MIN_TEMPERATURE, Noise, SamplingParams, choose, tree_accept, verify
 
 
 @dataclass
@@ -129,8 +129,8 @@ class _Timer:
 def check_sampling(temperature, top_k, top_p) -> SamplingParams:
     if not isinstance(temperature, (int, float)) or isinstance(temperature, bool) or not math.isfinite(temperature):
         raise TypeError(f"temperature must be a finite number, got {temperature!r}")
-    if temperature < 0:
-        raise ValueError(f"temperature must be >= 0 (0 is greedy), got {temperature}")
+    if temperature < 0 or 0 < temperature < MIN_TEMPERATURE:
+        raise ValueError(f"temperature must be 0 (greedy) or at least {MIN_TEMPERATURE:g}, got {temperature}")
     if top_k is not None and (not isinstance(top_k, int) or isinstance(top_k, bool) or top_k < 1):
         raise ValueError(f"top_k must be a positive integer, got {top_k!r}")
     if top_p is not None and not (isinstance(top_p, (int, float)) and 0 < top_p <= 1):
@@ -205,15 +205,6 @@ def check_seed(seed) -> None:
         raise ValueError(f"seed must be in [0, 2**63), got {seed}")
 
 
-def _generator(seed, device) -> torch.Generator:
-    gen = torch.Generator(device=device)
-    if seed is None:
-        gen.seed()
-    else:
-        gen.manual_seed(seed)
-    return gen
-
-
 def _finish(tokens: list[int], new: list[int], eos: tuple[int, ...], max_tokens: int) -> str | None:
     """Append `new` to `tokens`, cutting at the first EOS or at max_tokens; the reason, if it ended."""
     for t in new:
@@ -271,7 +262,7 @@ def row_seeds(seed, batch: int) -> list:
 
 class _Run:
     """One call's rows, checked before any compute: their prompt ids, outputs, stop reasons,
-    random generators and stats, and the target's cache as that many sequences."""
+    noise (sampling.Noise) and stats, and the target's cache as that many sequences."""
 
     def __init__(self, model: LanguageModel, tokenizer, prompt, max_tokens, temperature, top_k, top_p, seed, chat,
                  stream):
@@ -286,7 +277,7 @@ class _Run:
         self.stats = [Stats() for _ in prompts]
         self.outs: list[list[int]] = [[] for _ in prompts]
         self.reasons: list[str | None] = [None if max_tokens else "length" for _ in prompts]
-        self.gens = [_generator(s, model.device) for s in seeds]
+        self.noises = [Noise(s, model.device) for s in seeds]
         self.model, self.tokenizer, self.max_tokens, self.stream = model, tokenizer, max_tokens, stream
         self.watcher = None  # a drafter that reads side outputs of the target's passes (its side_rows)
 
@@ -304,7 +295,8 @@ class _Run:
         self.rows.reset(self.capacity + spare)
         with self.timer(range(self.size))("prefill"):
             logits = self.forward(self.prompt_ids, last_only=True)
-            return [select(x[-1], self.params, g) for x, g in zip(logits, self.gens)]
+            return [choose(x[-1], self.params, noise, len(ids))
+                    for x, noise, ids in zip(logits, self.noises, self.prompt_ids)]
 
     def forward(self, blocks: list[list[int]], last_only: bool = False) -> list[torch.Tensor]:
         """The target's pass over each row's block; the logits. With a watcher, the pass also
@@ -363,7 +355,7 @@ def generate(model, tokenizer, prompt, max_tokens: int, *, temperature=0.0, top_
         with run.timer(live)("verify"):
             logits = run.rows.forward([[tokens[b]] if b in live else [] for b in range(run.size)])
             for b in live:
-                tokens[b] = select(logits[b][-1], run.params, run.gens[b])
+                tokens[b] = choose(logits[b][-1], run.params, run.noises[b], len(run.prompt_ids[b]) + len(run.outs[b]))
     return run.results()
 
 
@@ -408,6 +400,9 @@ def speculative_generate(model, draft, tokenizer, prompt, max_tokens: int, *, nu
         schedule = AdaptiveK(k_max=auto_k_max(model, run.size))
     elif not isinstance(k, int) or isinstance(k, bool) or k < 1:
         raise ValueError(f"num_draft_tokens must be an integer >= 1, 'auto' or an AdaptiveK, got {k!r}")
+    # Where the target's rows round differently with a block's size, clocks must not choose the
+    # blocks (schedule.py): the same inputs then give the same output.
+    fixed = None if model.row_invariant else FixedCosts(*model.block_cost)
     check_same_vocab(model, drafter, tokenizer)
     drafter.check_prompts(run.prompt_ids)
     if drafter.side_rows is not None:  # it reads the target's own passes (a hidden-state head)
@@ -418,7 +413,7 @@ def speculative_generate(model, draft, tokenizer, prompt, max_tokens: int, *, nu
     if run.size > 1 and not drafter.batches:
         raise ValueError(f"the draft ({drafter!r}) runs one prompt at a time; batches need a draft on an engine "
                          "that batches (the native engine)")
-    params, gens, rows, prompt_ids, outs = run.params, run.gens, run.rows, run.prompt_ids, run.outs
+    params, noises, rows, prompt_ids, outs = run.params, run.noises, run.rows, run.prompt_ids, run.outs
     # A drafter that grows trees, on an engine that verifies them, for one prompt: each step
     # verifies the chosen source's chain and the other continuations hung on it in one pass.
     trees = drafter.tree_size > 0 and model.trees and run.size == 1
@@ -452,7 +447,7 @@ def speculative_generate(model, draft, tokenizer, prompt, max_tokens: int, *, nu
                                                          depth=max_tokens - len(outs[b]) - 1)
                                  for b, ask in asks.items()}
                 else:
-                    proposals = drafter.propose_rows(asks, params, gens)
+                    proposals = drafter.propose_rows(asks, params, noises)
         setup = drafter.setup_seconds - setup  # a draft reading a prompt: not a cost of drafting
         drafted = {b: proposals.get(b, ([], None))[0] for b in live}
         chain = {b: len(drafted[b]) for b in live}  # the source's own drafts, which the schedule learns from
@@ -465,7 +460,7 @@ def speculative_generate(model, draft, tokenizer, prompt, max_tokens: int, *, nu
             if parents is not None:
                 nodes = drafted[0]
                 logits = model.forward_tree([ids[0][-1]] + nodes, [-1] + [p + 1 for p in parents])
-                path, token = tree_accept(nodes, parents, logits, params, gens[0])
+                path, token = tree_accept(nodes, parents, logits, params, noises[0], len(ids[0]))
                 n_acc = next((i for i, node in enumerate(path) if node != i or i == chain[0]), len(path))
                 if n_acc < len(path):  # it left the chain: lay the path out in order, as a chain
                     model.keep_path(len(ids[0]) - 1, [0] + [i + 1 for i in path])
@@ -473,11 +468,7 @@ def speculative_generate(model, draft, tokenizer, prompt, max_tokens: int, *, nu
             else:
                 logits = run.forward([[ids[b][-1]] + drafted[b] if b in ids else [] for b in range(run.size)])
                 for b in live:
-                    if params.greedy:
-                        n_acc, token = greedy_accept(drafted[b], logits[b])
-                    else:
-                        q = proposals.get(b, ([], None))[1]
-                        n_acc, token = rejection_sample(drafted[b], q, logits_to_probs(logits[b], params), gens[b])
+                    n_acc, token = verify(drafted[b], logits[b], params, noises[b], len(ids[b]))
                     verdicts[b] = list(range(n_acc)), token, n_acc
         outcomes, new = [], {}
         for b, (src, _) in zip(live, plan):
@@ -489,8 +480,10 @@ def speculative_generate(model, draft, tokenizer, prompt, max_tokens: int, *, nu
             run.stats[b].record_step(kept if kept < len(path) else len(drafted[b]), kept)
             outcomes.append((src, chain[b], n_acc))
         if schedule:
-            schedule.update_batch(outcomes, step.elapsed.get("draft", 0.0) - setup, step.elapsed["verify"],
-                                  rows=1 + len(drafted[0]) if parents is not None else None)
+            size = 1 + len(drafted[0]) if parents is not None else None
+            costs = (fixed.step(outcomes, size) if fixed else
+                     (step.elapsed.get("draft", 0.0) - setup, step.elapsed["verify"]))
+            schedule.update_batch(outcomes, *costs, rows=size)
             if parents is not None:
                 schedule.update_tree(len(drafted[0]) - chain[0], len(verdicts[0][0]) - verdicts[0][2])
         # Roll back rejected drafts (and anything after an EOS): each row's cache keeps its

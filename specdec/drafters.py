@@ -1,16 +1,16 @@
 """Drafters: cheap proposers of the next few tokens.
 
 A drafter sees the accepted sequence (prompt + generated so far, whose last token the
-target has not run yet) and proposes up to k tokens, with the distribution q it drew
-them from (None when it is deterministic: q is then one-hot on each proposal). It drafts
+target has not run yet) and proposes up to k tokens. A sampled model draft draws each with
+the row's noise at that token's position (sampling.Noise), as the target will. It drafts
 for B rows at once (a batch; B = 1 for one prompt), each with its own state:
 
     drafter.begin(capacity, batch=1)        before a generation
     drafter.prefill(prompts)                the rows' prompts (a draft model reads one when first asked to propose)
     drafter.sources(ids, row=0)             the proposers that could answer here, preferred first
                                             (none: the step is a plain decoding step)
-    drafter.propose(ids, k, params, gen, source=None, row=0)  -> (tokens, q or None), at most k
-    drafter.propose_rows({row: (ids, k, source)}, params, gens) -> {row: (tokens, q)}: several
+    drafter.propose(ids, k, params, noise, source=None, row=0)  -> (tokens, None), at most k
+    drafter.propose_rows({row: (ids, k, source)}, params, noises) -> {row: (tokens, None)}: several
                                             rows in one go (a model draft runs them in shared passes)
     drafter.commit(ids, row=0)              the row's accepted sequence after verification
 
@@ -36,7 +36,7 @@ import torch
 
 from .datastore import Datastore
 from .models.base import LanguageModel, Rows, as_language_model
-from .sampling import SamplingParams, argmax, logits_to_probs, sample
+from .sampling import SamplingParams, argmax, warp
 
 
 class Drafter:
@@ -74,13 +74,13 @@ class Drafter:
         keeps statistics per source and may pick any of them; a fixed k takes the first."""
         return ("model",)
 
-    def propose(self, ids: list[int], k: int, params: SamplingParams, generator, source: str | None = None,
+    def propose(self, ids: list[int], k: int, params: SamplingParams, noise, source: str | None = None,
                 row: int = 0):
-        return self.propose_rows({row: (ids, k, source)}, params, {row: generator}).get(row, ([], None))
+        return self.propose_rows({row: (ids, k, source)}, params, {row: noise}).get(row, ([], None))
 
-    def propose_rows(self, requests: dict, params: SamplingParams, generators) -> dict:
-        """requests[row] = (ids, k, source); generators[row] draws that row's samples."""
-        return {row: self.propose(ids, k, params, generators[row], source, row)
+    def propose_rows(self, requests: dict, params: SamplingParams, noises) -> dict:
+        """requests[row] = (ids, k, source); noises[row]: that row's sampling.Noise."""
+        return {row: self.propose(ids, k, params, noises[row], source, row)
                 for row, (ids, k, source) in requests.items()}
 
     def commit(self, ids: list[int], row: int = 0) -> None:
@@ -152,7 +152,7 @@ class NgramDrafter(_Lookup):
         match = self._match(ids, row)
         return (f"lookup{match[1]}",) if match else ()
 
-    def propose(self, ids, k, params, generator, source=None, row=0):
+    def propose(self, ids, k, params, noise, source=None, row=0):
         match = self._match(ids, row)
         return (ids[match[0]: match[0] + k] if match else []), None
 
@@ -203,7 +203,7 @@ class DatastoreDrafter(_Lookup):
         found = self._match(ids, row)
         return (f"store{found[0]}",) if found else ()
 
-    def propose(self, ids, k, params, generator, source=None, row=0):
+    def propose(self, ids, k, params, noise, source=None, row=0):
         found = self._match(ids, row)
         start = time.perf_counter()
         tokens = self.store.continuation(found, k) if found else []
@@ -317,7 +317,7 @@ class ModelDrafter(Drafter):
             self.seconds += elapsed
             self.setup_seconds += elapsed
 
-    def propose_rows(self, requests, params, generators, first: dict | None = None):
+    def propose_rows(self, requests, params, noises, first: dict | None = None):
         """first[row] (optional): the token ids the row's first proposal must be one of."""
         out = {row: ([], None) for row in requests}
         ks = {row: min(k, self.room(ids)) for row, (ids, k, _) in requests.items()}
@@ -338,20 +338,18 @@ class ModelDrafter(Drafter):
         self._rows.rollback(lengths)
         logits = self._forward({row: requests[row][0][len(self._seen[row]):] for row in ks}, last_only=True)
         tokens = {row: [] for row in ks}
-        qs = {row: [] for row in ks}
         for i in range(max(ks.values())):
             going = {}
             for row, x in logits.items():
                 if i == 0 and first and row in first:
                     x = torch.full_like(x, -torch.inf).index_copy_(-1, first[row], x[first[row]])
-                q = None if params.greedy else logits_to_probs(x, params)
-                if self.min_confidence and float((x.softmax(-1) if q is None else q).max()) < self.min_confidence:
+                if not params.greedy:
+                    x = warp(x, params)
+                if self.min_confidence and float(x.float().softmax(-1).max()) < self.min_confidence:
                     continue  # this row's block ends here
-                if params.greedy:
-                    tokens[row].append(argmax(x))
-                else:
-                    tokens[row].append(sample(q, generators[row]))
-                    qs[row].append(q)
+                if not params.greedy:  # the draw with the noise the target will draw with there
+                    x = x.double() + noises[row].gumbel(len(requests[row][0]) + i, x.shape[-1])
+                tokens[row].append(argmax(x))
                 if i < ks[row] - 1:  # the last proposal is run later, only if it is accepted
                     going[row] = tokens[row][-1:]
             if not going:
@@ -359,7 +357,7 @@ class ModelDrafter(Drafter):
             logits = self._forward(going)
         self.seconds += time.perf_counter() - start
         for row in ks:
-            out[row] = tokens[row], (torch.stack(qs[row]) if qs[row] else None)
+            out[row] = tokens[row], None
         return out
 
     def commit(self, ids, row=0):
@@ -511,7 +509,7 @@ class CompositeDrafter(Drafter):
         self._led[row] = self._led.get(row, 0) + 1
         return self._led_by(ids, first, k)
 
-    def propose_rows(self, requests, params, generators):
+    def propose_rows(self, requests, params, noises):
         out, to_model = {}, {}
         for row, (ids, k, source) in requests.items():
             source = source or next(iter(self.sources(ids, row)), "model")
@@ -524,14 +522,14 @@ class CompositeDrafter(Drafter):
                 continue
             owner = self._owner(source)
             if owner is not self.model:
-                tokens, q = owner.propose(ids, k, params, generators[row], row=row)
+                tokens, _ = owner.propose(ids, k, params, noises[row], row=row)
                 if tokens:
-                    out[row] = tokens, q
+                    out[row] = tokens, None
                     continue
             if self.model:  # nothing there (or the schedule chose the model): the model drafts, if it has room
                 to_model[row] = ids, k, "model"
         if to_model:
-            out.update(self.model.propose_rows(to_model, params, generators))
+            out.update(self.model.propose_rows(to_model, params, noises))
         self.calls = self.model.calls if self.model else 0
         self.seconds = self._head_seconds + sum(part.seconds for part in self.parts)
         self.setup_seconds = self.model.setup_seconds if self.model else 0.0

@@ -1,23 +1,40 @@
-"""Sampling math: logits to probabilities, and the speculative acceptance rules.
+"""Sampling math: logits to a choice of token, and the speculative acceptance rule.
 
 Kept apart from any model so that it can be read, and tested, on its own.
 
-Greedy verification accepts the longest prefix of the draft that equals the target's
-argmax, then appends the target's own token (its correction at the first mismatch, or a
-bonus token when all drafts were accepted). The output is exactly greedy decoding.
+Vocabulary. A *position* is a token's index in its row's sequence (prompt, then output).
+The *noise* of a position is a vector of Gumbel(0, 1) draws, one per vocabulary id, made
+from the row's seed and that position alone (`Noise`). The target's *choice* at a position
+is argmax(logits / T + noise) over the warped logits (temperature, top-k, top-p): the
+Gumbel-max trick, an exact draw from the target's distribution p. Greedy (T = 0) is the
+argmax, without noise.
 
-Sampled verification (Leviathan et al. 2023, Chen et al. 2023) accepts draft token d
-with probability min(1, p(d) / q(d)); at the first rejection it samples from the
-residual norm(max(0, p - q)); if all k drafts pass it samples a bonus token from p.
-Then every emitted token is distributed exactly as p, whatever q is:
-    P(emit x) = q(x) min(1, p(x)/q(x)) + (1 - sum_y min(q(y), p(y))) * residual(x)
-              = min(q(x), p(x)) + max(0, p(x) - q(x)) = p(x).
+The acceptance rule, the same for greedy and sampling: the target scores [pending, d_1..d_k]
+in one pass; at each position of the block it makes its choice exactly as plain decoding
+would make it there; drafts are kept while they equal its choices; the first choice that
+differs (or the one after d_k) is its own token. So every token emitted is the target's
+choice at its position, given the tokens before it: the output is plain decoding's output
+with the same seed, whatever was drafted, however many tokens a step drafted, and whatever
+else shared the batch (Daliri, Musco and Suresh 2024, "drafter-invariant" speculative
+decoding). Sampled output therefore has exactly the target's distribution, and a seeded
+call is reproducible whatever schedule timing noise picks.
+
+A deterministic draft (lookup, datastore, a greedy draft model) is accepted with
+probability p(d), as under Leviathan et al.'s rule with a one-hot q. A sampled draft model
+draws its token with the same noise, argmax(q-logits / T + noise), so it agrees with the
+target whenever the two distributions are close: a Gumbel coupling, which accepts with
+probability at least (1 - TV) / (1 + TV) (TV: the distributions' total-variation distance),
+below the 1 - TV of Leviathan's rule. That is the price of drafter-invariance, paid only
+by sampled model drafts.
 """
 from __future__ import annotations
 
+import secrets
 from dataclasses import dataclass
 
 import torch
+
+MIN_TEMPERATURE = 1e-5  # below it, logits / T and the differences of its scores lose float32's precision
 
 
 @dataclass(frozen=True)
@@ -33,17 +50,12 @@ class SamplingParams:
         return self.temperature == 0
 
 
-def logits_to_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """Warp logits (temperature, then top-k, then top-p) and normalize; float32, same shape.
+def warp(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """Sampled logits: divided by the temperature, then -inf outside top-k and top-p; float32,
+    same shape. softmax of it is p; argmax of it plus a position's noise is a draw from p.
 
-    Target and draft must go through this same function, so that p and q are the
-    distributions the acceptance rule assumes.
-    """
-    logits = logits.float()
-    if params.greedy:
-        # The greedy "distribution": all mass on the argmax (used only for bookkeeping).
-        return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
-    logits = logits / params.temperature
+    Target and draft go through this same function, so that both draw from what they mean."""
+    logits = logits.float() / params.temperature
     if params.top_k is not None and params.top_k < logits.shape[-1]:
         kth = torch.topk(logits, params.top_k, dim=-1).values[..., -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
@@ -55,20 +67,38 @@ def logits_to_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tenso
         drop_sorted = (sorted_probs.cumsum(-1) - sorted_probs) >= params.top_p
         drop = drop_sorted.scatter(-1, order, drop_sorted)
         logits = logits.masked_fill(drop, float("-inf"))
-    return logits.softmax(-1)
+    return logits
 
 
-def sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:
-    """One draw from `probs` (1-D, non-negative, any positive total) by inverting its CDF.
+def logits_to_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """p: the warped logits normalized (one-hot on the argmax when greedy); float32, same shape."""
+    if params.greedy:
+        return torch.nn.functional.one_hot(logits.float().argmax(-1), logits.shape[-1]).float()
+    return warp(logits, params).softmax(-1)
 
-    torch.multinomial takes about 1 ms over a 49k-token vocabulary on a 2-core CPU, a third
-    of a small draft's forward pass; a cumulative sum and a binary search take ~0.15 ms.
-    searchsorted(right=True) returns the first i with cdf[i] > u, so a token of probability
-    0 (cdf[i] == cdf[i-1]) is never drawn."""
-    cdf = probs.double().cumsum(-1)
-    u = torch.rand((), generator=generator, dtype=torch.float64, device=cdf.device) * cdf[-1]
-    i = int(torch.searchsorted(cdf, u, right=True))
-    return i if i < len(cdf) else int(probs.nonzero()[-1])  # u * total rounded up to the total
+
+def _mix(x: int) -> int:
+    """splitmix64's finalizer: nearby inputs (seed, position) give unrelated 64-bit outputs."""
+    x = (x + 0x9E3779B97F4A7C15) & 0xFFFFFFFFFFFFFFFF
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
+    return x ^ (x >> 31)
+
+
+class Noise:
+    """One row's random numbers, keyed by position: the Gumbel noise that picks the token at
+    position i is the same whichever pass, block or batch computes it. seed None: a fresh
+    random seed (an unseeded call)."""
+
+    def __init__(self, seed: int | None, device="cpu"):
+        self.seed = secrets.randbits(63) if seed is None else seed
+        self.generator = torch.Generator(device=device)
+
+    def gumbel(self, position: int, n: int) -> torch.Tensor:
+        """[n] float64 Gumbel(0, 1) draws for `position`."""
+        self.generator.manual_seed(_mix(_mix(self.seed) ^ position) >> 1)
+        u = torch.rand(n, generator=self.generator, dtype=torch.float64, device=self.generator.device)
+        return -torch.log(-torch.log(u))
 
 
 def argmax(logits: torch.Tensor):
@@ -81,84 +111,51 @@ def argmax(logits: torch.Tensor):
     return logits.argmax(-1).tolist()
 
 
-def select(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> int:
-    """Next token from one position's logits: argmax when greedy, else a sample of the warped p."""
+def choose(logits: torch.Tensor, params: SamplingParams, noise: Noise, position: int) -> int:
+    """The token at `position` from the logits [V] that score it: argmax when greedy, else
+    argmax(warped logits + the position's noise), a draw from p."""
     if params.greedy:
         return argmax(logits)
-    return sample(logits_to_probs(logits, params), generator)
+    x = warp(logits, params)
+    return argmax(x.double() + noise.gumbel(position, x.shape[-1]))
 
 
-def greedy_accept(draft: list[int], target_logits: torch.Tensor) -> tuple[int, int]:
-    """Greedy verification. target_logits[i] scores the token after draft[:i]; shape [k+1, V].
-
-    Returns (number of drafts accepted, the target's token that follows them).
-    """
-    choice = argmax(target_logits)
-    n = 0
-    while n < len(draft) and draft[n] == choice[n]:
-        n += 1
-    return n, choice[n]
+def verify(draft: list[int], target_logits: torch.Tensor, params: SamplingParams, noise: Noise,
+           position: int) -> tuple[int, int]:
+    """The acceptance rule (module docstring). target_logits [k+1, V]: row i scores the token
+    at `position` + i, after draft[:i]. Returns (drafts accepted, the target's token after them)."""
+    if params.greedy:  # every row's argmax at once: one reduction
+        choice = argmax(target_logits)
+        n = 0
+        while n < len(draft) and draft[n] == choice[n]:
+            n += 1
+        return n, choice[n]
+    for n, d in enumerate(draft):
+        token = choose(target_logits[n], params, noise, position + n)
+        if token != d:
+            return n, token
+    return len(draft), choose(target_logits[len(draft)], params, noise, position + len(draft))
 
 
 def tree_accept(tokens: list[int], parents: list[int], target_logits: torch.Tensor, params: SamplingParams,
-                generator: torch.Generator | None) -> tuple[list[int], int]:
-    """Verification of a tree of deterministic drafts (q one-hot on each node). tokens[i] is a
-    drafted node whose parent is node parents[i] (-1: the context); target_logits[0] scores
-    the token after the context, target_logits[i + 1] the token after node i's path.
+                noise: Noise, position: int) -> tuple[list[int], int]:
+    """The acceptance rule on a tree of drafts. tokens[i] is a drafted node whose parent is node
+    parents[i] (-1: the context); target_logits[0] scores the token at `position`, after the
+    context; target_logits[i + 1] the token after node i's path.
 
-    Returns (the accepted path's nodes, in order; the target's token that follows them).
-    From the context, draw the target's next token (argmax when greedy); if a child is that
-    token, move to it and draw again, else stop with the token drawn. Every token kept is
-    exactly a draw from the target's distribution given the tokens before it, so the output
-    is distributed as plain sampling's (for a chain this is rejection sampling with one-hot
-    q: accept d with probability p(d), else draw from p without d)."""
+    Returns (the accepted path's nodes, in order; the target's token that follows them). From
+    the context, the target makes its choice; if a child is that token, move to it and choose
+    again, else stop with the token chosen. Every token kept is the target's choice at its
+    position, as in a chain."""
     children: list[dict[int, int]] = [{} for _ in range(len(tokens) + 1)]
     for i, (t, parent) in enumerate(zip(tokens, parents)):
         children[parent + 1][t] = i
     choice = argmax(target_logits) if params.greedy else None
     path, row = [], 0
     while True:
-        y = choice[row] if params.greedy else sample(logits_to_probs(target_logits[row], params), generator)
+        y = choice[row] if params.greedy else choose(target_logits[row], params, noise, position + len(path))
         node = children[row].get(y)
         if node is None:
             return path, y
         path.append(node)
         row = node + 1
-
-
-def rejection_sample(
-    draft: list[int],
-    draft_probs: torch.Tensor | None,
-    target_probs: torch.Tensor,
-    generator: torch.Generator | None,
-) -> tuple[int, int]:
-    """Modified rejection sampling. Returns (number of drafts accepted, next token).
-
-    draft_probs: [k, V] the draft's (warped) q at each drafted position, or None for a
-    deterministic drafter, whose q is one-hot on the proposed token.
-    target_probs: [k+1, V] the target's (warped) p; row k gives the bonus token.
-    """
-    k = len(draft)
-    uniforms = torch.rand(k, generator=generator, device=target_probs.device).tolist()
-    for i, d in enumerate(draft):
-        p_d = float(target_probs[i, d])
-        q_d = 1.0 if draft_probs is None else float(draft_probs[i, d])
-        # Accept with probability min(1, p/q). If q(d) = 0 the drafter proposed a token it
-        # gives no mass to; then p/q is infinite when p(d) > 0, and d is rejected if p(d) = 0.
-        if (p_d > 0 and q_d == 0) or uniforms[i] * q_d < p_d:
-            continue
-        return i, sample(residual(target_probs[i], draft_probs, i, d), generator)
-    return k, sample(target_probs[k], generator)
-
-
-def residual(p: torch.Tensor, draft_probs: torch.Tensor | None, i: int, d: int) -> torch.Tensor:
-    """norm(max(0, p - q)) at draft position i; falls back to p if it is all zero."""
-    if draft_probs is None:
-        r = p.clone()
-        r[d] = 0.0  # q is one-hot on d
-    else:
-        r = (p - draft_probs[i]).clamp_min(0.0)
-    total = float(r.sum())
-    # All zero only when p == q up to rounding, where rejection has probability ~0;
-    # sampling p then is the limit of the exact rule.
-    return p if total <= 0.0 else r / total

@@ -39,8 +39,12 @@ prior of TREE_YIELD at first); they are drafted where that beats the step's rate
 every `probe_every`-th step otherwise, so the estimate stays current. On a GPU extra rows
 cost almost nothing; on a CPU they cost 2-4% of a pass each.
 
-Choosing k from past steps only does not change the output: greedy output is the
-target's for any k, and the sampling rule is exact for any k.
+Choosing k from past steps only does not change the output where the engine's rows are
+invariant (the bf16 kernel): every token is the target's choice at its position whatever k
+was (sampling.verify). Elsewhere (torch, llama.cpp) a block's rows round differently from a
+one-token pass, so at a near tie the output can depend on the blocks; there the loop charges
+the schedule fixed costs (`FixedCosts`) instead of clock time, and the same inputs make the
+same choices, so the same output, however the machine's timings vary.
 """
 from __future__ import annotations
 
@@ -54,6 +58,28 @@ def expected_tokens_per_step(alpha: float, k: int) -> float:
     if alpha >= 1.0:
         return k + 1.0
     return (1 - alpha ** (k + 1)) / (1 - alpha)
+
+
+@dataclass(frozen=True)
+class FixedCosts:
+    """A step's costs fixed before the call, in one-token target passes, charged instead of
+    clock time where the output could follow the timings (module docstring).
+
+    block, per_token: a verify pass of n >= 2 tokens costs block + per_token * (n - 2)
+    (the engine's `block_cost`); draft_step: a model draft's step (the shipped draft's, in
+    the loop: 0.20, docs/results.md); a lookup's costs nothing."""
+
+    block: float
+    per_token: float
+    draft_step: float = 0.2
+
+    def verify(self, tokens: int) -> float:
+        return 1.0 if tokens == 1 else self.block + self.per_token * (tokens - 2)
+
+    def step(self, outcomes: list[tuple[str | None, int, int]], rows: int | None = None) -> tuple[float, float]:
+        """(draft, verify) cost of a step, as `AdaptiveK.update_batch` takes them."""
+        draft_steps = max((n for src, n, _ in outcomes if src == "model"), default=0)
+        return self.draft_step * draft_steps, self.verify(rows or sum(n + 1 for _, n, _ in outcomes))
 
 
 @dataclass

@@ -11,7 +11,6 @@ from tokenizers import Tokenizer, decoders, models, trainers
 from transformers import PreTrainedTokenizerFast
 
 import specdec
-import specdec.sampling as sampling
 from specdec import CompositeDrafter, ModelDrafter, NgramDrafter, generate, load_model, speculative_generate
 from specdec.bridge import TextBridge
 from specdec.models.base import LanguageModel
@@ -113,6 +112,20 @@ class Oracle(LanguageModel):
         del self.seq[length:]
 
 
+def test_a_bridged_draft_drafts_inside_a_composite_as_it_does_alone(pair):
+    # The composite's model part is the bridge: begun, its cache sized in the draft's own
+    # tokens (a character draft needs several a target token), proposing through the text.
+    # (A lookup of 50-grams never matches here: every step is the bridge's to draft.)
+    target, draft = pair
+    for prompt in PROMPTS:
+        alone = speculative_generate(target, ModelDrafter(draft), target.tokenizer, prompt, 80, num_draft_tokens=3)
+        inside = speculative_generate(target, CompositeDrafter(draft, lookup=NgramDrafter(50, 50)), target.tokenizer,
+                                      prompt, 80, num_draft_tokens=3)
+        assert inside.token_ids == alone.token_ids
+        assert inside.stats.drafted >= alone.stats.drafted > 0
+        assert inside.stats.drafter["bridge_steps"] > 0
+
+
 def test_a_draft_that_knows_the_text_is_accepted_except_at_boundaries(pair):
     target, draft = pair
     for prompt in PROMPTS:
@@ -184,13 +197,12 @@ def test_sampling_through_the_bridge_keeps_the_targets_distribution(ab):
     assert chisquare_pvalue(counts, exact) > ALPHA  # measured: 0.12 (2432 drafted, 777 accepted)
 
 
-def test_the_sampling_check_has_power_against_a_wrong_residual(ab, monkeypatch):
-    # The bridge's proposal is deterministic, so after a rejection the target must sample p
-    # with the rejected token removed; resampling p itself is biased towards it. Measured:
-    # p-value 1.2e-43.
-    from test_distribution import chisquare_pvalue, exact_distribution
+def test_the_sampling_check_has_power_against_reused_noise(ab, monkeypatch):
+    # A broken rule (the noise of a block's first position for every row) fails the same check.
+    import specdec.decoding as decoding
+    from test_distribution import chisquare_pvalue, exact_distribution, reused_noise
 
-    monkeypatch.setattr(sampling, "residual", lambda p, draft_probs, i, d: p)
+    monkeypatch.setattr(decoding, "verify", reused_noise)
     counts, _, _ = tally(ab)
     pvalue = chisquare_pvalue(counts, exact_distribution(ab[2], PROMPT, L, SamplingParams(1.0)))
     assert pvalue < BROKEN_MAX_P, f"p-value {pvalue:.3g}: the test has no power against this bug"

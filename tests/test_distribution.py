@@ -6,7 +6,8 @@ length L = 4 (V**L = 256 outcomes) can be enumerated exactly. Why L = 4 and not 
 first new token always comes from the prefill pass, and `speculative_generate` caps each
 block at max_tokens - len(out) - 1 drafts, so with L tokens the first block has L - 2
 drafts. L = 4 with num_draft_tokens = 2 is the shortest run whose blocks go through every
-path of the acceptance rule: rejection of d1 or d2 (residual), and full acceptance (bonus).
+path of the acceptance rule: rejection of d1 or d2 (the target's own token), and full
+acceptance (bonus).
 
 The sampler runs the native model (loaded with specdec.load_model); the exact reference
 comes from the transformers model on full sequences, warped by the same logits_to_probs.
@@ -34,7 +35,7 @@ N = 1500  # continuations per test (3-5 ms each on one CPU thread: ~5 forward pa
 ALPHA = 1e-3  # a correct sampler must pass this; with fixed seeds, it passes once and for all
 BROKEN_MAX_P = 1e-6  # a broken sampler must be rejected this strongly
 # Draft seed 8: of seeds 1..9 the draft farthest from the target (mean total variation 0.28
-# over the drafted positions), which gives the test the most power against a bad residual.
+# over the drafted positions): where q is far from p, a rule that leans towards the drafts shows.
 TARGET_SEED, DRAFT_SEED = 0, 8
 # Repeats, so that prompt lookup (NgramDrafter) always finds a continuation to propose.
 PROMPT = [3, 1, 2, 0, 3, 1, 2, 0, 3]
@@ -194,8 +195,8 @@ def make_drafter(models, drafter: str):
         # stop cuts some blocks short and leaves others whole.
         return specdec.ModelDrafter(models["draft"], min_confidence=0.425)
     if drafter == "headcut":
-        # Its head scores tokens 1..V-1 only: q(0) = 0, so every 0 the target writes comes
-        # from the residual distribution, never from an accepted draft.
+        # Its head scores tokens 1..V-1 only: q(0) = 0, so every 0 the target writes is its
+        # own token after a rejection, never an accepted draft.
         return specdec.ModelDrafter(models["draft"], head_tokens=list(range(1, V)))
     return specdec.NgramDrafter()
 
@@ -229,7 +230,7 @@ def test_reference_is_a_proper_sharp_enough_distribution(exact):
 
 
 def test_draft_differs_from_target(models):
-    # Else the tests could not see a bad residual (it only matters where q != p). Mean total
+    # Else the tests could not see a rule that leans towards the drafts. Mean total
     # variation between p and q at the drafted positions 2..L (the first token comes from the
     # prefill, without the draft). Measured: 0.28.
     p, q = (row_probs(models[m], PROMPT, L, SamplingParams(1.0))[:, 1:] for m in ("hf_target", "hf_draft"))
@@ -242,27 +243,30 @@ def test_speculative_matches_exact_distribution(models, exact, drafter, setting)
     tally = draw(speculative(models, drafter, setting))
     elapsed = time.perf_counter() - t0
     pvalue = chisquare_pvalue(tally.counts, exact(setting))
-    # The runs went through every path of the rule: 2-draft blocks, rejections (so the
-    # residual was sampled) and fully accepted blocks (so the bonus token was sampled).
+    # The runs went through every path of the rule: 2-draft blocks, rejections (so the target's
+    # own token followed) and fully accepted blocks (so the bonus token was drawn).
     assert tally.proposed_at[K - 1] > 0.3 * N
     assert tally.drafted > tally.accepted
     assert tally.accepted_at[K - 1] > 0.02 * N
     assert pvalue > ALPHA, f"p-value {pvalue:.3g} ({elapsed:.1f} s)"
 
 
+def reused_noise(draft, logits, params, noise, position):
+    """A broken rule: every row of the block drawn with the noise of the block's first position."""
+    for n, d in enumerate(draft):
+        token = sampling.choose(logits[n], params, noise, position)
+        if token != d:
+            return n, token
+    return len(draft), sampling.choose(logits[len(draft)], params, noise, position)
+
+
 @pytest.mark.parametrize("drafter", ["model", "ngram", "store", "head"])
-def test_detects_resampling_from_p(models, exact, drafter, monkeypatch):
-    # The same test on a deliberately broken sampler: after a rejection it resamples from p
-    # instead of norm(max(0, p - q)) (monkeypatched where rejection_sample looks it up).
-    # Measured p-values of the broken sampler, draft seed 8, N=1500 (with draft seed 1, the
-    # model draft gave only 5e-10 at N=1500 in an earlier version, hence seed 8):
-    #   model draft 1.6e-12; n-gram draft 2e-69 (q one-hot on a token of p ~ 1/4: a larger
-    #   bias; at N=750 it gave 2.5e-7, too close to BROKEN_MAX_P for comfort); lookup, store
-    #   and model together 1.3e-27; lookup, store and a hidden-state head 1.3e-41.
-    # The correct sampler, same seeds: model t1.0 0.62, t0.7/top-k 0.30, t1.3/top-p 0.79,
-    # n-gram 0.27, composite 0.46, auto 0.63, confidence stop 0.36, head list 0.62, with the
-    # store 0.33 (and 0.48 with auto at t0.7/top-k), with the head 0.33; plain generate 0.61.
-    monkeypatch.setattr(sampling, "residual", lambda p, draft_probs, i, d: p)
+def test_detects_noise_reused_within_a_block(models, exact, drafter, monkeypatch):
+    # The same test on a deliberately broken rule (monkeypatched where the loop looks it up):
+    # the noise is not moved on along the block, so a block's tokens are drawn together.
+    import specdec.decoding as decoding
+
+    monkeypatch.setattr(decoding, "verify", reused_noise)
     tally = draw(speculative(models, drafter, "t1.0"))
     pvalue = chisquare_pvalue(tally.counts, exact("t1.0"))
     assert pvalue < BROKEN_MAX_P, f"p-value {pvalue:.3g}: the test has no power against this bug"
@@ -316,10 +320,11 @@ def test_each_row_of_a_batch_matches_its_exact_distribution(models, drafter):
         assert pvalue > ALPHA, f"p-value {pvalue:.3g}"
 
 
-def test_batch_rows_detect_resampling_from_p(models, monkeypatch):
-    # Power of the batched check: the broken residual of test_detects_resampling_from_p.
-    # Measured p-values of the broken sampler: 5.5e-12 / 3.4e-10 (rows 1 / 2).
-    monkeypatch.setattr(sampling, "residual", lambda p, draft_probs, i, d: p)
+def test_batch_rows_detect_noise_reused_within_a_block(models, monkeypatch):
+    # Power of the batched check: the broken rule of test_detects_noise_reused_within_a_block.
+    import specdec.decoding as decoding
+
+    monkeypatch.setattr(decoding, "verify", reused_noise)
     params = SamplingParams(**SETTINGS["t1.0"])
     for tally, prompt in zip(draw_batch(models, "model"), [PROMPT, PROMPT2]):
         pvalue = chisquare_pvalue(tally.counts, exact_distribution(models["hf_target"], prompt, L, params))
@@ -329,7 +334,7 @@ def test_batch_rows_detect_resampling_from_p(models, monkeypatch):
 # ----------------------------------------------------------------------------- trees
 
 # Lookup of 3-grams and a datastore whose continuations branch: trees of up to 4 drafts, each
-# verified by tree_accept. Its sampled rule is a draw from the target at each node, followed
+# verified by tree_accept. Its sampled rule is the target's choice at each node, followed
 # into the child it names; the broken rule below tries the children one by one with
 # probability p(child) each and, when none is taken, draws from p (not from p without them).
 TREE_STORE = [[0, 1, 0, 1, 1, 0, 1, 2, 0, 3, 1, 1, 2, 0, 2, 3, 0, 3, 3, 1, 0, 2]]
@@ -354,8 +359,8 @@ def counting_tree_accept(monkeypatch, rule=None) -> dict:
     seen = {"steps": 0, "off_chain": 0}
     rule = rule or decoding.tree_accept
 
-    def counted(tokens, parents, logits, params, gen):
-        path, token = rule(tokens, parents, logits, params, gen)
+    def counted(tokens, parents, logits, params, noise, position):
+        path, token = rule(tokens, parents, logits, params, noise, position)
         seen["steps"] += 1
         seen["off_chain"] += any(node != i for i, node in enumerate(path))
         return path, token
@@ -379,7 +384,8 @@ def test_detects_a_biased_tree_rule(models, exact, monkeypatch):
     # The test's power: children tried one by one (each taken with probability p(child), no
     # renormalizing after a refusal) and, when none is taken, a draw from p itself.
     # Measured p-value of the broken rule: 4e-10 (644 branched trees, 109 through a sibling).
-    def one_by_one(tokens, parents, logits, params, gen):
+    def one_by_one(tokens, parents, logits, params, noise, position):
+        gen = torch.Generator().manual_seed(noise.seed + position)
         children = [{} for _ in range(len(tokens) + 1)]
         for i, (t, parent) in enumerate(zip(tokens, parents)):
             children[parent + 1][t] = i
@@ -392,7 +398,7 @@ def test_detects_a_biased_tree_rule(models, exact, monkeypatch):
                     row = node + 1
                     break
             else:
-                return path, sampling.sample(p, gen)
+                return path, int(torch.multinomial(p, 1, generator=gen))
 
     seen = counting_tree_accept(monkeypatch, one_by_one)
     tally = draw_trees(models, K, "t1.0")

@@ -163,7 +163,6 @@ def test_bad_input(tmp_path, files, monkeypatch):
 
 
 def test_sampling_keeps_the_target_distribution(tmp_path, monkeypatch):
-    import specdec.sampling as sampling
     from test_distribution import (ALPHA, BROKEN_MAX_P, DRAFT_SEED, PROMPT, TARGET_SEED, V, SamplingParams,
                                    chisquare_pvalue, draw, exact_distribution, tiny_hf_model)
 
@@ -182,7 +181,10 @@ def test_sampling_keeps_the_target_distribution(tmp_path, monkeypatch):
     tally = draw(run)
     assert tally.drafted > tally.accepted > 0
     assert chisquare_pvalue(tally.counts, exact) > ALPHA
-    monkeypatch.setattr(sampling, "residual", lambda p, draft_probs, i, d: p)  # the broken variant
+    import specdec.decoding as decoding
+    from test_distribution import reused_noise
+
+    monkeypatch.setattr(decoding, "verify", reused_noise)  # the broken variant
     assert chisquare_pvalue(draw(run).counts, exact) < BROKEN_MAX_P
 
 

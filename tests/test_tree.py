@@ -254,7 +254,7 @@ def test_greedy_tree_acceptance_follows_the_target_argmax_down_the_tree():
     logits = torch.zeros(6, 10)
     for row, best in enumerate([9, 1, 2, 5, 3, 6]):  # row 0: the context; row i + 1: after node i
         logits[row, best] = 1.0
-    assert tree_accept(tokens, parents, logits, SamplingParams(0.0), None) == ([2, 4], 6)
+    assert tree_accept(tokens, parents, logits, SamplingParams(0.0), None, 0) == ([2, 4], 6)
     logits[0] = 0
     logits[0, 3] = 1.0  # no child is the target's token: nothing accepted
-    assert tree_accept(tokens, parents, logits, SamplingParams(0.0), None) == ([], 3)
+    assert tree_accept(tokens, parents, logits, SamplingParams(0.0), None, 0) == ([], 3)

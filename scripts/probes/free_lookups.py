@@ -38,7 +38,7 @@ class Recorded(CompositeDrafter):
     def sources(self, ids, row=0):
         return self.book[len(ids)][0]
 
-    def propose_rows(self, requests, params, generators):
+    def propose_rows(self, requests, params, noises):
         out = {}
         for row, (ids, k, source) in requests.items():
             tokens = self.book[len(ids)][1][source][:k]

@@ -85,9 +85,9 @@ class RerankDrafter(CompositeDrafter):
         logits, wh = self.headed.at[len(ids) - 2]
         return logits, F.silu(wh + self.w_e @ self.embed[ids[-1]].float() + self.c)
 
-    def propose_rows(self, requests, params, generators):
+    def propose_rows(self, requests, params, noises):
         alone = {b: r for b, r in requests.items() if r[2] == "head"}
-        out = super().propose_rows({b: r for b, r in requests.items() if b not in alone}, params, generators)
+        out = super().propose_rows({b: r for b, r in requests.items() if b not in alone}, params, noises)
         for b, (ids, k, _) in alone.items():  # the head's best among the draft's head tokens
             logits, z = self.z(ids)
             best = int(self.vocab[int((logits[self.vocab] + self.vocab_rows @ z).argmax())])

@@ -95,7 +95,7 @@ def parts(run, prompts, rounds: int, engine: str) -> None:
     hook(CompositeDrafter, "propose_rows", "drafter: proposals")
     hook(AdaptiveK, "choose_batch", "schedule: choice")
     hook(AdaptiveK, "update_batch", "schedule: update")
-    hook(decoding, "greedy_accept", "verification: argmax, accepted drafts")
+    hook(decoding, "verify", "verification: argmax, accepted drafts")
     sizes = []
     if engine == "llama.cpp":  # the engine's own work around llama_decode, and how often a pass's size changes
         lib = llamacpp.llama_cpp()

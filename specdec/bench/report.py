@@ -107,6 +107,20 @@ DEFINITIONS = [
     "over the steps it proposed in. `–`: not measured for this method.", ""]
 
 
+def _md_machine(report: dict) -> list[str]:
+    """The machine while the trials ran: busy or quiet, and the trials run again after a stall."""
+    m = report.get("machine")
+    if not m:
+        return []
+    rerun = ", ".join(f"{name} {r['rerun']} of {r['trials']}" for name, r in m["reruns"].items() if r["rerun"])
+    state = ("**BUSY**: " + "; ".join(m["reasons"]) + ". Ratios measured on a busy machine can be off; run again "
+             "on a quiet one." if m["busy"] else "quiet")
+    return [f"**Machine during the trials:** {state} (other processes {_fmt(m.get('others_cores'))} cores, steal "
+            f"{_fmt(100 * m['steal_share'] if _num(m.get('steal_share')) is not None else None, '.1f', '%')}, "
+            f"load average {_fmt(m['loadavg'][0])}). Trials run again after they met interference (others took "
+            f"over half a core while they ran, or they took over 1.5x their pair's median): {rerun or 'none'}.", ""]
+
+
 def _md_header(report: dict) -> list[str]:
     e, methods = report.get("environment") or {}, report.get("methods", [])
     machine = "; ".join(filter(None, [e.get("cpu_id"), f"{e.get('cpu_count')} CPUs"]))
@@ -122,7 +136,7 @@ def _md_header(report: dict) -> list[str]:
                         and r.get("prompt") == first and _num(r.get("seconds")) is not None] for m in methods}
     head = ["# specdec benchmark report", "", f"**Environment:** {env}", "",
             "**Config:** `" + ", ".join(f"{k}={v}" for k, v in (report.get("config") or {}).items()) + "`", "",
-            f"**Load times:** {load or DASH}", ""]
+            f"**Load times:** {load or DASH}", ""] + _md_machine(report)
     if not methods:
         return head
     return head + ["## Cold (first-call) latency", ""] + _table(
@@ -672,6 +686,8 @@ def print_summary(report: dict, file=None) -> None:
                _fmt(_get(m, "overall", "predicted_speedup"), ".2f", "x")]
             + [_fmt(perfect.get(m["name"]), ".2f", "x")] * bool(sp) for m in methods]
     _print_table(header, rows, report, file)
+    if _get(report, "machine", "busy"):
+        print("BUSY machine: " + "; ".join(report["machine"]["reasons"]) + ". Run again on a quiet one.", file=file)
 
 
 def _print_table(header, rows, report, file) -> None:

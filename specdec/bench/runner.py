@@ -34,6 +34,7 @@ from ..models.loading import (DEFAULT_MODEL, LLAMA_CPP_ONLY, default_engine, hf_
 from ..schedule import AdaptiveK
 from . import methods as M
 from .ceiling import ceilings
+from .interference import MachineLoad, others, rerun_stalls, snapshot
 from .stats import interleaved_order, predicted_speedup, summarize_ratios
 from .suite import load_suite, render
 
@@ -75,7 +76,7 @@ class BenchConfig:
     @classmethod
     def quick_config(cls, **overrides) -> "BenchConfig":
         """A smoke run for CI and newcomers: one prompt per category, short outputs."""
-        base = dict(per_category=1, max_tokens=48, trials=2, quick=True)
+        base = dict(per_category=1, max_tokens=48, trials=3, quick=True)  # 3: the fewest a stall cannot move
         base.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**base)
 
@@ -405,17 +406,32 @@ def _run(cfg: BenchConfig, progress: bool, log) -> dict:
     for m in methods:
         cold[m.name] = m.run(prompts[0].ids, cfg.max_tokens).seconds
 
+    def trial(m, p, n):
+        before = snapshot()
+        r = m.run(p.ids, cfg.max_tokens)
+        return {"method": m.name, "prompt": p.id, "trial": n, "seconds": r.seconds,
+                "prefill_seconds": r.prefill_seconds, "tokens": r.token_ids, "stats": r.stats,
+                **others(before, snapshot())}
+
+    if cfg.trials < 3:
+        log(f"{cfg.trials} trial(s): a prompt's median is then a mean, which one stalled trial can move")
+    load = MachineLoad().start()
     records = []
     bar = tqdm(total=cfg.trials * len(prompts) * len(methods), desc="bench", unit="run", disable=not progress)
-    for trial in range(cfg.trials):
+    for n in range(cfg.trials):
         for pi, p in enumerate(prompts):
-            for m in interleaved_order(methods, trial * len(prompts) + pi):
-                r = m.run(p.ids, cfg.max_tokens)
-                records.append({"method": m.name, "prompt": p.id, "trial": trial, "seconds": r.seconds,
-                                "prefill_seconds": r.prefill_seconds, "tokens": r.token_ids, "stats": r.stats})
+            for m in interleaved_order(methods, n * len(prompts) + pi):
+                records.append(trial(m, p, n))
                 bar.update()
     bar.close()
+    by_name, by_id = {m.name: m for m in methods}, {p.id: p for p in prompts}
+    rerun_stalls(records, lambda r: trial(by_name[r["method"]], by_id[r["prompt"]], r["trial"]), log)
+    machine = load.stop({m.name: (sum("stalled_seconds" in r for r in records if r["method"] == m.name),
+                                  sum(r["method"] == m.name for r in records)) for m in methods})
+    if machine["busy"]:
+        log("the machine was busy: " + "; ".join(machine["reasons"]))
     report = aggregate(cfg, prompts, methods, records, costs, cold, target)
+    report["machine"] = machine
     if cfg.temperature == 0:  # the replay needs the target's greedy output
         outputs = {r["prompt"]: r["tokens"] for r in records if r["method"] == "normal" and r["trial"] == 0}
         # The replay feeds the draft target ids: not for a draft with another tokenizer.
@@ -452,9 +468,8 @@ def _per_prompt(records, method, prompts):
         rows = [r for r in records if r["method"] == method and r["prompt"] == p.id]
         prefills = [r["prefill_seconds"] for r in rows if r["prefill_seconds"] is not None]
         first = min(rows, key=lambda r: r["trial"])
-        # Per trial: with k = auto the choices follow measured times, so trials may draw
-        # different random numbers (sampling) or round near-ties differently (bfloat16) and
-        # write outputs of different lengths.
+        # Per trial: off the bf16 kernel a run that drafts differently may round a near tie
+        # the other way (docs/design.md, "Guarantees") and write an output of another length.
         per_token = statistics.median(r["seconds"] / max(len(r["tokens"]), 1) for r in rows)
         # The prefill pass is the same work with or without speculation; what follows it is
         # what a drafter can speed up (for short answers the prefill caps the end-to-end ratio).

@@ -135,6 +135,9 @@ class _Context:
 class LlamaCppLM(LanguageModel):
     """A GGUF model run by llama.cpp. `.path` is the file it runs."""
 
+    # Its bf16 blocks: 2 / 5 / 9 / 17 tokens 1.45 / 2.02 / 2.57 / 3.71 one-token passes (Zen 5 VM).
+    block_cost = (1.45, 0.15)
+
     def __init__(self, path, *, tokenizer=None, name=None, eos_token_ids=None, threads: int | None = None):
         path = Path(path)
         if not path.is_file():

@@ -11,6 +11,7 @@ import hashlib
 import importlib.metadata
 import json
 import os
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -54,6 +55,40 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jin
                    "generation_config.json")
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class ModelFileError(ValueError):
+    """A model file or checkpoint that cannot be read as one (cut short, corrupt, incomplete);
+    the message names it."""
+
+
+@contextmanager
+def reading(source):
+    """Any failure while reading `source` becomes one ModelFileError naming it: a user sees
+    "PATH: what is wrong", never a parser's traceback. Missing files stay FileNotFoundError."""
+    try:
+        yield
+    except (FileNotFoundError, ModelFileError):
+        raise
+    except Exception as exc:  # noqa: BLE001 -- whatever the parsers raise on bad bytes
+        message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        if str(source) not in message:
+            message = f"{source}: cannot read it as a model: {message}"
+        raise ModelFileError(message) from exc
+
+
+def check_gguf(path: Path) -> None:
+    """Refuse a GGUF file whose header, metadata or tensor table does not hold together, or
+    whose tensors run past its end, before llama.cpp is handed it."""
+    from gguf import GGUFReader
+
+    size = path.stat().st_size
+    reader = GGUFReader(str(path))
+    if not reader.tensors:
+        raise ModelFileError(f"{path}: a GGUF file without tensors")
+    for t in reader.tensors:
+        if t.data_offset + t.n_bytes > size:
+            raise ModelFileError(f"{path}: tensor {t.name} runs past the end of the file (cut short?)")
 
 
 def cache_dir() -> Path:
@@ -277,6 +312,11 @@ def load_model(name_or_path=DEFAULT_MODEL, *, dtype=None, device="cpu", engine="
         raise ValueError(f"{name_or_path} runs on the llama.cpp engine only (engine='llama.cpp'): "
                          f"{WHY_LLAMA_CPP_ONLY[str(name_or_path)]}")
     resolve_dtype(dtype, device)  # a bad dtype is refused before anything is read
+    with reading(name_or_path):
+        return _load_native(name_or_path, dtype, device)
+
+
+def _load_native(name_or_path, dtype, device) -> LanguageModel:
     path = hf_checkpoint(name_or_path)
     config = _read_config(path)
     tokenizer = load_tokenizer(path)
@@ -322,7 +362,7 @@ def gguf_for(name_or_path, dtype=None) -> Path:
     checkpoint = hf_checkpoint(key)
     file_type = GGUF_FILE_TYPES[resolve_dtype(dtype or "bfloat16", "cpu")]
     target = SHIPPED_DRAFTS[key][1] if key in SHIPPED_DRAFTS else key if key in EMBEDDED_GGUF else None
-    files = sorted(checkpoint.glob("*.safetensors")) + [checkpoint / "config.json"]
+    files = _safetensors_files(checkpoint) + [checkpoint / "config.json"]
     stamp = ";".join(f"{f.name}:{f.stat().st_size}:{f.stat().st_mtime_ns}" for f in files)
     tag = hashlib.sha256(f"{checkpoint.resolve()};{stamp};{CONVERSION_VERSION}".encode()).hexdigest()[:12]
     out = cache_dir() / "gguf-written" / f"{checkpoint.name}-{tag}.{file_type}.gguf"
@@ -344,16 +384,18 @@ def load_llama_cpp(name_or_path, *, dtype=None, device="cpu") -> LanguageModel:
     if torch.device(device).type != "cpu":
         raise ValueError(f"the llama.cpp engine runs on the CPU here, not {device!r}")
     llama_cpp()  # a missing extra fails before any conversion
-    path = gguf_for(name_or_path, dtype)
-    key = str(name_or_path)
-    if key in LLAMA_CPP_ONLY:
-        tokenizer = _gguf_tokenizer(path, cache_dir() / "gguf-assembled" / f"{key}-tokenizer")
-    elif path == Path(key).expanduser():  # a GGUF file of the user's: its tokenizer, if transformers reads it
-        tokenizer = _gguf_tokenizer(path)
-    else:
-        tokenizer = load_tokenizer(hf_checkpoint(key))
-    # A draft's head-token list (see ModelDrafter) has no GGUF form: llama.cpp scores the full head.
-    return LlamaCppLM(path, tokenizer=tokenizer, name=key)
+    with reading(name_or_path):
+        path = gguf_for(name_or_path, dtype)
+        check_gguf(path)
+        key = str(name_or_path)
+        if key in LLAMA_CPP_ONLY:
+            tokenizer = _gguf_tokenizer(path, cache_dir() / "gguf-assembled" / f"{key}-tokenizer")
+        elif path == Path(key).expanduser():  # a GGUF file of the user's: its tokenizer, if transformers reads it
+            tokenizer = _gguf_tokenizer(path)
+        else:
+            tokenizer = load_tokenizer(hf_checkpoint(key))
+        # A draft's head-token list (see ModelDrafter) has no GGUF form: llama.cpp scores the full head.
+        return LlamaCppLM(path, tokenizer=tokenizer, name=key)
 
 
 def _gguf_tokenizer(path: Path, saved: Path | None = None):
