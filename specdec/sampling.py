@@ -24,7 +24,7 @@ probability p(d), as under Leviathan et al.'s rule with a one-hot q. A sampled d
 draws its token with the same noise, argmax(q-logits / T + noise), so it agrees with the
 target whenever the two distributions are close: a Gumbel coupling, which accepts with
 probability at least (1 - TV) / (1 + TV) (TV: the distributions' total-variation distance),
-below the 1 - TV of Leviathan's rule. That is the price of drafter-invariance, paid only
+where Leviathan's rule accepts 1 - TV. That is the price of drafter-invariance, paid only
 by sampled model drafts.
 """
 from __future__ import annotations
