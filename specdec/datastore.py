@@ -5,8 +5,7 @@ only where the output copies the input. A datastore (REST, He et al. 2024) holds
 target wrote on other prompts, and proposes the continuation most occurrences of the same
 suffix share there: the phrases a model writes again and again ("Here are some tips",
 "In conclusion, the") whatever the prompt. Looking it up is a binary search, so it drafts
-for free, like prompt lookup, and it is deterministic (q one-hot), so the acceptance rules
-stay exact.
+for free, like prompt lookup.
 
 The index is a suffix order: every position of the token array, sorted by the MAX_NGRAM
 tokens that start there, packed `64 // bits` to a 64-bit word. The positions whose tokens

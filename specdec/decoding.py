@@ -355,7 +355,8 @@ def generate(model, tokenizer, prompt, max_tokens: int, *, temperature=0.0, top_
         with run.timer(live)("verify"):
             logits = run.rows.forward([[tokens[b]] if b in live else [] for b in range(run.size)])
             for b in live:
-                tokens[b] = choose(logits[b][-1], run.params, run.noises[b], len(run.prompt_ids[b]) + len(run.outs[b]))
+                position = len(run.prompt_ids[b]) + len(run.outs[b])
+                tokens[b] = choose(logits[b][-1], run.params, run.noises[b], position)
     return run.results()
 
 
@@ -374,7 +375,10 @@ def speculative_generate(model, draft, tokenizer, prompt, max_tokens: int, *, nu
                          stream: Callable | None = None) -> Generation | list[Generation]:
     """Speculative decoding: the drafter proposes k tokens, the target scores
     [pending, d1..dk] in one pass, and the acceptance rule keeps a prefix plus one
-    target token. Greedy output equals `generate`'s; sampled output has its distribution.
+    target token. Every token is the target's choice at its position (sampling.verify), so
+    greedy output equals `generate`'s and seeded sampled output `generate`'s with that seed, on
+    engines whose block rows are one-token passes (the bf16 kernel); elsewhere up to rounding
+    ties, and identical calls give identical output (docs/design.md, "Guarantees").
 
     num_draft_tokens: "auto" (the default) chooses k (0 included) each step from the measured
     acceptance and costs (see `specdec.schedule.AdaptiveK`); an `AdaptiveK` does the same

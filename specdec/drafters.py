@@ -134,7 +134,7 @@ class NgramDrafter(_Lookup):
     """Prompt lookup: find the most recent earlier occurrence of the last n tokens
     (n from max_ngram down to min_ngram) and propose what followed it.
 
-    Free to run and deterministic, so q is one-hot. It shines where the output copies
+    Free to run and deterministic. It shines where the output copies
     from the input (summaries, retrieval QA, code edits) and proposes nothing elsewhere.
     """
 
@@ -245,8 +245,8 @@ class ModelDrafter(Drafter):
     positions up to n + k - 2, so past `max_context` it proposes fewer, then nothing (the
     loop takes plain steps), and a prompt longer than its context is never read.
 
-    Head tokens: the draft scores only these tokens (q is 0 elsewhere, which the acceptance
-    rule handles exactly like any other q). Its output head is most of a small draft's cost
+    Head tokens: the draft scores only these tokens and so never proposes another (the
+    target still chooses among all of them). Its output head is most of a small draft's cost
     and most of its rows are tokens the target rarely writes. "auto" takes the list the
     checkpoint ships (`head_tokens.json`, written by `specdec distill`); None scores all.
     """
@@ -392,9 +392,7 @@ class CompositeDrafter(Drafter):
     the input (the lookup) or repeats the target's usual phrases (the datastore); the model
     covers the rest. With `num_draft_tokens="auto"` the schedule may also prefer a later
     source where an earlier one is a poor bet (a lone repeated token, say), from how each
-    has done so far. Either way the choice is made before anything is drawn, so each step's
-    q is that of the drafter that proposed (one-hot for a lookup or a datastore), as the
-    acceptance rule needs.
+    has done so far. Whatever proposed, the target keeps only drafts equal to its own choices.
 
     With a hidden-state head (`specdec.head`; beside a datastore, without a model draft) the
     target's own passes choose too: where the store proposes, its candidate next token the head

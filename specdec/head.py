@@ -11,8 +11,8 @@ for 0.4% more of it: the engine scores W_h's rows with the output head's ("side 
 `NativeLM.forward(..., side=W_h)`), so nothing else reads h. The lookups then propose with
 it (`CompositeDrafter(..., head=...)`): among the datastore's candidates for the next token
 the head's favourite leads the chain, and where neither the prompt nor the store has a
-match the head's own best token does. Every proposal is a function of the accepted prefix,
-so the acceptance rules stay exact (q is one-hot).
+match the head's own best token does. The target keeps only drafts equal to its own choices,
+so the output stays exact.
 
 Trained (`specdec train-head`) on the target's hidden states over the datastore's own
 replies, to predict the token two ahead; W starts at zero (the head then scores b itself).
