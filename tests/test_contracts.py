@@ -167,7 +167,7 @@ def test_float32_is_exact_up_to_rounding_ties_and_the_kernel_exactly(f32, bf16):
     from specdec.bench.runner import divergence
 
     parted = 0
-    for target, draft in (f32, bf16):
+    for target, draft in (f32, bf16) if bf16[0].row_invariant else (f32,):
         for p in PROMPTS:
             want = generate(target, None, p, 60).token_ids
             for k in (2, 3, 5, 8):
