@@ -196,3 +196,36 @@ def test_the_smallest_temperature_allowed_samples_without_nan(f32):
     draft, target = f32  # (the target without the built tie, where even 1e-5 leaves a coin to toss)
     got = speculative_generate(target, draft, None, PROMPTS[0], 20, temperature=1e-5, seed=3)
     assert got.token_ids == generate(target, None, PROMPTS[0], 20).token_ids  # that cold is greedy
+
+
+def _llama_cpp() -> bool:
+    try:
+        import llama_cpp  # noqa: F401
+        return True
+    except ImportError:
+        return False
+
+
+@pytest.mark.skipif(not _llama_cpp(), reason="needs llama-cpp-python (the llamacpp extra)")
+def test_greedy_auto_calls_repeat_at_a_near_tie_on_llama_cpp(tmp_path, busy, monkeypatch):
+    # The same built tie, written as a float32 GGUF file and run by llama.cpp.
+    from specdec.models.gguf_write import write_gguf
+    from tiny import tiny_hf_model
+
+    paths = {}
+    for name, seed in (("t", 0), ("d", 1)):
+        hf = tiny_hf_model("llama", seed, **KERNEL_SHAPE)
+        if name == "t":
+            w = hf.lm_head.weight
+            with torch.no_grad():
+                w[5] = w[5] * 6
+                w[6] = (w[5].double() * (1 + 1e-7)).float()
+        hf.save_pretrained(tmp_path / name, safe_serialization=True)
+        paths[name] = write_gguf(tmp_path / name, tmp_path / f"{name}.gguf", file_type="f32")
+    target, draft = (load_model(paths[n], engine="llama.cpp") for n in ("t", "d"))
+    assert not target.row_invariant and tie_share(target, PROMPTS) > 0.2
+    prompts = [p + [5] for p in PROMPTS] + [[5, 6] * 4, [6, 5, 9, 9, 5]]
+    assert repeats(target, NgramDrafter(), prompts, busy)
+    assert repeats(target, ModelDrafter(draft), prompts, busy)
+    monkeypatch.setattr(type(target), "row_invariant", True)  # the broken variant: clocks choose the blocks
+    assert not repeats(target, ModelDrafter(draft), prompts, busy, calls=6), "the check has no power here"
