@@ -36,7 +36,7 @@ import torch
 
 from .datastore import Datastore
 from .models.base import LanguageModel, Rows, as_language_model
-from .sampling import SamplingParams, argmax, warp
+from .sampling import SamplingParams, choose, warp
 
 
 class Drafter:
@@ -343,13 +343,12 @@ class ModelDrafter(Drafter):
             for row, x in logits.items():
                 if i == 0 and first and row in first:
                     x = torch.full_like(x, -torch.inf).index_copy_(-1, first[row], x[first[row]])
-                if not params.greedy:
-                    x = warp(x, params)
-                if self.min_confidence and float(x.float().softmax(-1).max()) < self.min_confidence:
-                    continue  # this row's block ends here
-                if not params.greedy:  # the draw with the noise the target will draw with there
-                    x = x.double() + noises[row].gumbel(len(requests[row][0]) + i, x.shape[-1])
-                tokens[row].append(argmax(x))
+                if self.min_confidence:
+                    p = (x.float() if params.greedy else warp(x, params)).softmax(-1)
+                    if float(p.max()) < self.min_confidence:
+                        continue  # this row's block ends here
+                # The draw with the noise the target will draw with at that position.
+                tokens[row].append(choose(x, params, noises[row], len(requests[row][0]) + i))
                 if i < ks[row] - 1:  # the last proposal is run later, only if it is accepted
                     going[row] = tokens[row][-1:]
             if not going:
