@@ -27,7 +27,6 @@ lookup's is.
 from __future__ import annotations
 
 import bisect
-import copy
 
 import torch
 
@@ -143,15 +142,15 @@ class TextBridge(Drafter):
             asks[row], pendings[row] = (ctx, k + 1, "model"), pending
             first[row] = torch.tensor(healing, device=self.inner.model.device)
         drafts = self.inner.propose_rows(asks, GREEDY, noises, first) if asks else {}
-        out = {row: ([], None) for row in requests}
-        for row, (tokens, _) in drafts.items():
+        out = {row: [] for row in requests}
+        for row, tokens in drafts.items():
             ctx, pending = asks[row][0], pendings[row]
             anchor = ctx[-1:]  # decoding from the token before keeps the first one's leading space
             head = self.draft_tok.decode(anchor, skip_special_tokens=True)
             written = self.draft_tok.decode(anchor + tokens, skip_special_tokens=True)[len(head):]
             proposal = self.tokenizer(written[len(pending):], add_special_tokens=False)["input_ids"][: requests[row][1]]
             if written.startswith(pending) and proposal:
-                out[row] = proposal, None
+                out[row] = proposal
                 self._proposed[row] = (len(requests[row][0]), proposal)
         self.calls, self.seconds, self.setup_seconds = self.inner.calls, self.inner.seconds, self.inner.setup_seconds
         return out
@@ -194,18 +193,16 @@ def needs_bridge(target, drafter: Drafter, tokenizer) -> bool:
             and vocab_fingerprint(t_tok) != vocab_fingerprint(d_tok))
 
 
-def bridged(drafter: Drafter, target, tokenizer) -> Drafter:
-    """The drafter as it can draft for `target`: a model draft with another tokenizer goes
-    through a TextBridge (also as the model part of a composite); anything else as it is."""
-    t_tok = target.tokenizer or tokenizer
-    if isinstance(drafter, ModelDrafter) and needs_bridge(target, drafter, tokenizer):
-        return TextBridge(drafter, t_tok, target.vocab_size)
-    if isinstance(drafter, CompositeDrafter) and isinstance(drafter.model, ModelDrafter) and needs_bridge(
-            target, drafter.model, tokenizer):
-        twin = copy.copy(drafter)  # the caller's composite stays as it was
-        twin.model = TextBridge(drafter.model, t_tok, target.vocab_size)
-        twin.parts = [twin.model if part is drafter.model else part for part in drafter.parts]
-        # The bridge counts the target's tokens: its draft's context (in its own tokens) limits only it.
-        twin.vocab_size, twin.tokenizer, twin.max_context = target.vocab_size, t_tok, twin.model.max_context
-        return twin
-    return drafter
+def for_target(drafter: Drafter, target, tokenizer) -> Drafter:
+    """The drafter as it drafts for `target`, decided once, before any compute: as it is where
+    it shares the target's vocabulary; a model draft with another tokenizer through a TextBridge
+    (also as a composite's part); anything else with another vocabulary refused (ValueError)."""
+    if isinstance(drafter, CompositeDrafter):
+        parts = [for_target(part, target, tokenizer) for part in drafter.parts]
+        return drafter if parts == drafter.parts else drafter.with_parts(parts)
+    if not needs_bridge(target, drafter, tokenizer):
+        return drafter
+    if isinstance(drafter, ModelDrafter):
+        return TextBridge(drafter, target.tokenizer or tokenizer, target.vocab_size)
+    raise ValueError(f"the draft ({drafter!r}) has another vocabulary ({drafter.vocab_size}) than the target's "
+                     f"({target.vocab_size}); only a model draft can be bridged through text")

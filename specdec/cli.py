@@ -12,8 +12,8 @@ import sys
 import time
 from pathlib import Path
 
-from . import decoding
-from .models.loading import DEFAULT_MODEL
+from . import decoding, request
+from .models.registry import DEFAULT_MODEL
 
 
 class CLIError(Exception):
@@ -66,16 +66,16 @@ class TextStream:
 
 def draft_model_arg(args) -> str | None:
     """--draft as given, else the shipped draft of an embedded target (None if it has none)."""
-    from .models.loading import DEFAULT_DRAFTS
+    from .models.registry import DEFAULT_DRAFTS
 
     return args.draft if args.draft is not None else DEFAULT_DRAFTS.get(str(args.model))
 
 
 def resolve_draft(args) -> str:
     """--draft's default for generate/demo: prompt lookup (with the target's datastore, where one
-    ships: the fastest drafter measured for the default target, docs/benchmark.md), else the
+    ships: the fastest drafter measured for the default target, docs/results.md), else the
     shipped draft with prompt lookup, else prompt lookup."""
-    from .models.loading import SHIPPED_DATASTORES
+    from .models.registry import SHIPPED_DATASTORES
 
     if args.draft is not None:
         return args.draft
@@ -85,68 +85,44 @@ def resolve_draft(args) -> str:
 
 def datastore_arg(args) -> str | None:
     """--datastore: a file, 'none', or (not given) the embedded target's name where a datastore ships for it."""
-    from .models.loading import SHIPPED_DATASTORES
+    from .models.registry import SHIPPED_DATASTORES
 
     if args.datastore == "none" or (args.datastore is None and str(args.model) not in SHIPPED_DATASTORES):
         return None
     return args.datastore or str(args.model)
 
 
-def head_arg(args) -> str | None:
-    """--head: a file, an embedded target's name (its shipped head), or none (not given, or
-    'none'). Off by default: its gain in tokens a pass is about what its work a step costs
-    (docs/benchmark.md, "The hidden-state head, built")."""
-    from .models.loading import SHIPPED_HEADS
-
-    if args.head in (None, "none"):
-        return None
-    if args.engine != "native" or not datastore_arg(args):
-        raise CLIError("--head needs the native engine and a datastore")
-    if str(args.head) not in SHIPPED_HEADS and not Path(args.head).expanduser().is_file():
-        raise CLIError(f"--head {args.head}: no such file")
-    return args.head
-
-
 def load_datastore_arg(args):
-    from .models.loading import load_datastore
+    from .datastore import load_datastore
 
     name = datastore_arg(args)
     return load_datastore(name) if name else None
 
 
-def make_drafter(spec: str, target, dtype, min_confidence: float = 0.0, engine: str = "native", datastore=None,
-                 head=None):
+def make_drafter(spec: str, target, dtype, engine: str = "native", datastore=None):
     """--draft: 'ngram', 'none', a model name/path, or 'composite:MODEL' (lookup, else the datastore's
     continuation, else the model). A datastore (None: none) joins the prompt lookup of 'ngram' and
-    'composite:MODEL'; a head (a name or file for specdec.head.load_head) chooses among the
-    drafts of 'ngram' with a datastore."""
+    'composite:MODEL'."""
     from .drafters import CompositeDrafter, ModelDrafter, NgramDrafter
-    from .head import load_head
-    from .models.loading import default_engine, load_model
+    from .models.loading import load_model
+    from .models.registry import default_engine
 
     if spec == "none":
         return None
     if spec == "ngram":
-        head = load_head(head, target) if head and datastore else None
-        return CompositeDrafter(datastore=datastore, head=head) if datastore else NgramDrafter()
+        return CompositeDrafter(datastore=datastore) if datastore else NgramDrafter()
     name = spec.removeprefix("composite:")
     # A draft only llama.cpp runs (gemma-3-270m) runs there whatever the target's engine.
     model = load_model(name, dtype=dtype, device=target.device, engine=default_engine(name, engine))
     if spec.startswith("composite:"):
-        return CompositeDrafter(model, min_confidence=min_confidence, datastore=datastore)
-    return ModelDrafter(model, min_confidence=min_confidence)
-
-
-def _confidence(text: str) -> float:
-    value = _float(text)
-    if not 0.0 <= value < 1.0:
-        raise argparse.ArgumentTypeError(f"must be in [0, 1), got {value}")
-    return value
+        return CompositeDrafter(model, datastore=datastore)
+    return ModelDrafter(model)
 
 
 def check_draft_exists(spec: str) -> None:
     """Fail on a missing draft path before spending seconds loading the target."""
-    from .models.loading import LLAMA_CPP_ONLY, assembled_gguf, hf_checkpoint
+    from .models.loading import hf_checkpoint
+    from .models.registry import LLAMA_CPP_ONLY, assembled_gguf
 
     name = spec.removeprefix("composite:")
     if name in LLAMA_CPP_ONLY:
@@ -171,18 +147,18 @@ def cmd_generate(args) -> int:
     params = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
                   chat=not args.no_chat)
     # Cheap checks first, so a typo fails in milliseconds, not after loading a model.
-    decoding.check_sampling(args.temperature, args.top_k, args.top_p)
-    decoding.check_max_tokens(args.max_tokens)
-    decoding.check_seed(args.seed)
+    request.check_sampling(args.temperature, args.top_k, args.top_p)
+    request.check_max_tokens(args.max_tokens)
+    request.check_seed(args.seed)
     if not args.prompt:
         raise ValueError("prompt is empty")
     draft = resolve_draft(args)
     check_draft_exists(draft)
-    store, head = load_datastore_arg(args), head_arg(args)
+    store = load_datastore_arg(args)
     target = load_model(args.model, dtype=args.dtype, device=args.device, engine=args.engine)
     if target.tokenizer is None:
         raise CLIError(f"{args.model} ships no tokenizer; use the Python API with token ids")
-    drafter = make_drafter(draft, target, args.dtype, args.min_confidence, args.engine, store, head)
+    drafter = make_drafter(draft, target, args.dtype, args.engine, store)
     stream = TextStream(target.tokenizer)
     start = time.perf_counter()
     if drafter is None:
@@ -225,10 +201,10 @@ def cmd_demo(args) -> int:
     if draft == "none":
         raise CLIError("the demo compares against a draft: --draft must not be 'none'")
     check_draft_exists(draft)
-    store, head = load_datastore_arg(args), head_arg(args)
+    store = load_datastore_arg(args)
     print(f"loading {args.model} ...", file=sys.stderr)
     target = load_model(args.model, dtype=args.dtype, device=args.device, engine=args.engine)
-    drafter = make_drafter(draft, target, args.dtype, args.min_confidence, args.engine, store, head)
+    drafter = make_drafter(draft, target, args.dtype, args.engine, store)
     tok = target.tokenizer
     run_normal = lambda: decoding.generate(target, tok, DEMO_PROMPT, args.max_tokens, chat=True)  # noqa: E731
     run_spec = lambda: decoding.speculative_generate(  # noqa: E731
@@ -312,10 +288,7 @@ def cmd_bench(args) -> int:
     if not args.endpoint:
         load_datastore_arg(args)  # a missing or broken file fails now (loads are cached for the run)
     options = dict(model=args.model, engine=args.engine, draft=None if args.no_draft else draft,
-                   datastore=None if args.endpoint else datastore_arg(args),
-                   head=None if args.endpoint else head_arg(args),
-                   min_confidence=args.min_confidence, tree_size=args.tree_size, dtype=args.dtype,
-                   device=args.device, threads=args.threads,
+                   datastore=None if args.endpoint else datastore_arg(args), dtype=args.dtype, device=args.device, threads=args.threads,
                    prompts=args.prompts, categories=args.categories.split(",") if args.categories else None,
                    per_category=args.per_category, max_tokens=args.max_tokens, trials=args.trials, ks=args.ks,
                    peers=not args.no_peers, llama_cpp_peers=not args.no_llama_cpp, temperature=args.temperature,
@@ -336,7 +309,7 @@ def cmd_bench(args) -> int:
 
 
 def cmd_distill(args) -> int:
-    from .distill import DistillConfig, distill
+    from .train.distill import DistillConfig, distill
     from .models.loading import hf_checkpoint
 
     names = ("target", "out", "layers", "hidden", "intermediate", "prompts", "heldout", "max_new_tokens", "steps",
@@ -347,7 +320,7 @@ def cmd_distill(args) -> int:
     out = distill(cfg)
     print(f"draft written to {out}/ (config.json, model.safetensors, train-log.jsonl)", file=sys.stderr)
     if args.ship:
-        from .distill import export_shipped
+        from .train.distill import export_shipped
 
         print(f"shippable form (without the target's shared weights) in {export_shipped(out, args.ship, cfg.target)}/",
               file=sys.stderr)
@@ -355,7 +328,7 @@ def cmd_distill(args) -> int:
 
 
 def cmd_datastore(args) -> int:
-    from .distill import write_datastore
+    from .train.distill import write_datastore
     from .models.loading import hf_checkpoint
 
     runs = [Path(d) for d in args.runs]
@@ -368,58 +341,6 @@ def cmd_datastore(args) -> int:
     return 0
 
 
-def cmd_train_head(args) -> int:
-    """Collect the target's hidden states over the datastore's replies (once: kept in the run
-    directory), train the head on them, write head.safetensors and train-log.json there."""
-    import torch
-    from safetensors.torch import load_file, save_file
-    from tqdm import tqdm
-
-    from .head import collect, train_head
-    from .models.loading import load_datastore, load_model
-
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    target = load_model(args.target, dtype="bfloat16")
-    if not hasattr(target, "module"):
-        raise CLIError(f"train-head needs a native target; {args.target} is not one")
-    store = load_datastore(args.datastore or args.target)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    data_file, start = out / "hidden.safetensors", time.time()
-    if data_file.exists():
-        data = load_file(str(data_file))
-        print(f"hidden states from {data_file} ({len(data['tokens']):,} positions)", file=sys.stderr)
-    else:
-        data = collect(target, store, lambda xs: tqdm(xs, desc="hidden states", file=sys.stderr))
-        save_file(data, str(data_file))
-    collected = time.time() - start
-    lines = []
-
-    def log(line):
-        lines.append(line)
-        print(line, file=sys.stderr)
-
-    recipe = " ".join(["specdec", *args.argv])
-    history = train_head(target, data, out / "head.safetensors", epochs=args.epochs, batch=args.batch, lr=args.lr,
-                         seed=args.seed, recipe=recipe, log=log,
-                         progress=lambda total: tqdm(total=total, desc="training", file=sys.stderr))
-    history.update(command=recipe, collect_seconds=round(collected, 1), threads=torch.get_num_threads(),
-                   positions=len(data["tokens"]), log=lines)
-    (out / "train-log.json").write_text(json.dumps(history, indent=1) + "\n")
-    print(f"head written to {out / 'head.safetensors'} (log: {out / 'train-log.json'})", file=sys.stderr)
-    if args.ship:
-        import shutil
-
-        Path(args.ship).mkdir(parents=True, exist_ok=True)
-        for name in ("head.safetensors", "train-log.json"):
-            shutil.copy(out / name, Path(args.ship) / name)
-        print(f"shipped into {args.ship}/", file=sys.stderr)
-    return 0
-
-
-HEAD_HELP = ("a hidden-state head that chooses among prompt lookup's and the datastore's drafts (native engine): "
-             "a file (specdec train-head writes one), or an embedded target's name for its shipped one; default none")
 DATASTORE_HELP = ("a datastore for retrieval drafting beside prompt lookup (specdec datastore / distill write one), "
                   "or 'none'; default: the shipped one of an embedded target")
 
@@ -434,10 +355,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--draft", default=None, help="'ngram' (prompt lookup, with --datastore), 'none' (plain "
                    "decoding), a model, or 'composite:MODEL' (prompt lookup when the context has a match, else the "
                    "datastore, else the model); default: 'ngram' with the shipped datastore for the default target")
-    g.add_argument("--min-confidence", type=_confidence, default=0.0, help="the draft model stops proposing "
-                   "where its top probability is below this (0: never)")
     g.add_argument("--datastore", default=None, help=DATASTORE_HELP)
-    g.add_argument("--head", default=None, help=HEAD_HELP)
     g.add_argument("--num-draft-tokens", type=_k, default="auto", help="k, or 'auto' (the default: chosen each step "
                    "from measured acceptance and costs)")
     g.add_argument("--max-tokens", type=_int, default=128)
@@ -451,9 +369,7 @@ def build_parser() -> argparse.ArgumentParser:
     d = sub.add_parser("demo", help="normal vs speculative decoding on the embedded default model")
     add_model_args(d)
     d.add_argument("--draft", default=None, help="as for generate")
-    d.add_argument("--min-confidence", type=_confidence, default=0.0)
     d.add_argument("--datastore", default=None, help="as for generate")
-    d.add_argument("--head", default=None, help="as for generate")
     d.add_argument("--num-draft-tokens", type=_k, default="auto")
     d.add_argument("--max-tokens", type=_positive_int, default=128)
     d.add_argument("--trials", type=_positive_int, default=3)
@@ -466,11 +382,6 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--no-draft", action="store_true", help="no draft model: n-gram (and peers) only")
     b.add_argument("--datastore", default=None, help=DATASTORE_HELP + " (runs as 'store', lookup + datastore, and "
                    "in the composite)")
-    b.add_argument("--head", default=None, help=HEAD_HELP + " (runs as 'store-head', lookup + datastore + head)")
-    b.add_argument("--min-confidence", type=_confidence, default=0.0, help="> 0: also run the draft with this "
-                   "confidence stop (draft-stop, composite-stop)")
-    b.add_argument("--tree-size", type=_positive_int, default=None, help="also run lookup + datastore with trees "
-                   "of up to this many drafts a pass (store-tree; native engine)")
     b.add_argument("--threads", type=_positive_int, default=None, help="torch threads (default: torch's choice)")
     b.add_argument("--prompts", default=None, help="a JSONL prompt file (default: the bundled suite)")
     b.add_argument("--categories", default=None, help="comma-separated categories to run")
@@ -533,18 +444,6 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--target", default=DEFAULT_MODEL, help=f"the target the runs distilled (default {DEFAULT_MODEL})")
     s.set_defaults(func=cmd_datastore)
 
-    h = sub.add_parser("train-head", help="train the hidden-state head that chooses among the lookups' drafts "
-                       "(on the target's hidden states over its datastore's replies)")
-    h.add_argument("--target", default=DEFAULT_MODEL, help=f"a native target (default {DEFAULT_MODEL})")
-    h.add_argument("--datastore", default=None, help="its datastore (default: the target's shipped one)")
-    h.add_argument("--out", required=True, help="run directory: the hidden states, head.safetensors, train-log.json")
-    h.add_argument("--epochs", type=_positive_int, default=2)
-    h.add_argument("--batch", type=_positive_int, default=1024)
-    h.add_argument("--lr", type=_float, default=2e-3)
-    h.add_argument("--seed", type=_int, default=0)
-    h.add_argument("--threads", type=_positive_int, default=None)
-    h.add_argument("--ship", default=None, help="also copy the head and its log into this directory")
-    h.set_defaults(func=cmd_train_head)
     return parser
 
 
@@ -553,7 +452,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     args.argv = [str(a) for a in (sys.argv[1:] if argv is None else argv)]  # the command, for recipes
     if getattr(args, "model", None) is not None and args.engine is None:
-        from .models.loading import default_engine
+        from .models.registry import default_engine
 
         args.engine = default_engine(args.model)
     try:

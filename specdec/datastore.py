@@ -17,11 +17,12 @@ from it.
 """
 from __future__ import annotations
 
-import heapq
 from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
+
+from .models.registry import SHIPPED_DATASTORES
 
 MAX_NGRAM = 8  # longest suffix looked up: longer ones are rare in a store of this size
 MIN_NGRAM = 2  # a lone token recurs everywhere: its continuations say little
@@ -117,44 +118,6 @@ class Datastore:
             at = at[nxt == best] + 1
         return out
 
-    def tree(self, found: tuple[int, int, int], tokens: list[int], parents: list[int], size: int,
-             depth: int | None = None) -> tuple[list[int], list[int]]:
-        """A tree of drafts grown from `tokens` (parents[i]: an earlier node, -1 for the
-        context) with the store's continuations of a match, best first by the share of the
-        voting occurrences that write a node's path, until it holds `size` nodes (none added
-        deeper than `depth`): the continuations the target is likeliest to write, to verify in
-        one pass. A node the tree holds already (the chain it was given) is not added twice;
-        its children are."""
-        tokens, parents = list(tokens), list(parents)
-        child = {(p, t): i for i, (t, p) in enumerate(zip(tokens, parents))}
-        level = {-1: 0}  # a node's depth (the context's 0)
-        for i, p in enumerate(parents):
-            level[i] = level[p] + 1
-        at = self.voters(found)
-        heap, tick = [], 0
-
-        def push(node, where):  # the continuations of `where` (positions after node's path)
-            nonlocal tick
-            nxt = self.tokens[where]
-            values, counts = np.unique(nxt[nxt != self.gap], return_counts=True)
-            for v, c in zip(values.tolist(), counts.tolist()):
-                heapq.heappush(heap, (-c, tick, node, v, where[nxt == v] + 1))
-                tick += 1
-
-        push(-1, at)
-        while heap and len(tokens) < size:
-            _, _, parent, token, where = heapq.heappop(heap)
-            node = child.get((parent, token))
-            if node is None:
-                if depth is not None and level[parent] >= depth:
-                    continue
-                node = child[(parent, token)] = len(tokens)
-                tokens.append(token)
-                parents.append(parent)
-                level[node] = level[parent] + 1
-            push(node, where)
-        return tokens, parents
-
     def save(self, path, recipe: str = "") -> Path:
         """One safetensors file: the tokens (16 bits each where the vocabulary allows), the
         vocabulary size, and `recipe` (how the store was made) as metadata."""
@@ -172,6 +135,11 @@ class Datastore:
         """A datastore file as `save` writes it (safetensors; its suffix order is rebuilt, in
         about 0.3 s for 724k tokens). Loads are cached by path for the process."""
         return _load(str(Path(path).resolve()))
+
+
+def load_datastore(name_or_path) -> Datastore:
+    """A datastore by the name of the target it was written for (a shipped one), or its file."""
+    return Datastore.load(SHIPPED_DATASTORES.get(str(name_or_path), Path(str(name_or_path)).expanduser()))
 
 
 @lru_cache(maxsize=4)

@@ -135,27 +135,3 @@ def verify(draft: list[int], target_logits: torch.Tensor, params: SamplingParams
         if token != d:
             return n, token
     return len(draft), choose(target_logits[len(draft)], params, noise, position + len(draft))
-
-
-def tree_accept(tokens: list[int], parents: list[int], target_logits: torch.Tensor, params: SamplingParams,
-                noise: Noise, position: int) -> tuple[list[int], int]:
-    """The acceptance rule on a tree of drafts. tokens[i] is a drafted node whose parent is node
-    parents[i] (-1: the context); target_logits[0] scores the token at `position`, after the
-    context; target_logits[i + 1] the token after node i's path.
-
-    Returns (the accepted path's nodes, in order; the target's token that follows them). From
-    the context, the target makes its choice; if a child is that token, move to it and choose
-    again, else stop with the token chosen. Every token kept is the target's choice at its
-    position, as in a chain."""
-    children: list[dict[int, int]] = [{} for _ in range(len(tokens) + 1)]
-    for i, (t, parent) in enumerate(zip(tokens, parents)):
-        children[parent + 1][t] = i
-    choice = argmax(target_logits) if params.greedy else None
-    path, row = [], 0
-    while True:
-        y = choice[row] if params.greedy else choose(target_logits[row], params, noise, position + len(path))
-        node = children[row].get(y)
-        if node is None:
-            return path, y
-        path.append(node)
-        row = node + 1

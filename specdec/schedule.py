@@ -31,14 +31,6 @@ interval stretches in proportion, so that probing takes the same share of the ti
 a probe costs (on llama.cpp on a Zen 4 CPU a probe costs 0.6-0.8 of a pass, and probes of
 every match length of every source made two thirds of what the default lost there).
 
-Trees (a drafter with `tree_size`, on an engine that verifies them): a step that drafts a
-chain of k may also hang other continuations on it, up to the tree's size, verified in the
-same pass. Each extra node costs the slope of the verify line (seconds a token) and adds what
-extra nodes have added so far (tokens accepted off the chain, per extra node drafted; a
-prior of TREE_YIELD at first); they are drafted where that beats the step's rate, and on
-every `probe_every`-th step otherwise, so the estimate stays current. On a GPU extra rows
-cost almost nothing; on a CPU they cost 2-4% of a pass each.
-
 Choosing k from past steps only does not change the output where the engine's rows are
 invariant (the bf16 kernel): every token is the target's choice at its position whatever k
 was (sampling.verify). Elsewhere (torch, llama.cpp) a block's rows round differently from a
@@ -76,10 +68,10 @@ class FixedCosts:
     def verify(self, tokens: int) -> float:
         return 1.0 if tokens == 1 else self.block + self.per_token * (tokens - 2)
 
-    def step(self, outcomes: list[tuple[str | None, int, int]], rows: int | None = None) -> tuple[float, float]:
+    def step(self, outcomes: list[tuple[str | None, int, int]]) -> tuple[float, float]:
         """(draft, verify) cost of a step, as `AdaptiveK.update_batch` takes them."""
         draft_steps = max((n for src, n, _ in outcomes if src == "model"), default=0)
-        return self.draft_step * draft_steps, self.verify(rows or sum(n + 1 for _, n, _ in outcomes))
+        return self.draft_step * draft_steps, self.verify(sum(n + 1 for _, n, _ in outcomes))
 
 
 @dataclass
@@ -100,7 +92,6 @@ class AdaptiveK:
     PRIOR = 0.5  # p_1 before any observation
     PRIOR_WEIGHT = 2.0  # pseudo-observations behind the prior (p_{i-1} for p_i); they decay like real ones
     PROBE_COST = 0.1  # a probe's extra cost, in plain passes, up to which probe_every holds as it is
-    TREE_YIELD, TREE_WEIGHT = 0.03, 8.0  # tokens an extra tree node adds, before any is measured; its weight in nodes
 
     def __init__(self, k_max: int = K_MAX, decay: float = 0.95, probe_every: int = 8, max_probe_every: int = 128):
         if k_max < 1:
@@ -112,8 +103,6 @@ class AdaptiveK:
         self.verify_n: dict[int, float] = {}
         self.verify_s: dict[int, float] = {}
         self._verify_fit: tuple[float, float] | None = None
-        # A tree's nodes beyond its chain: decayed sums of those drafted and of the tokens they added.
-        self.extra_nodes, self.extra_tokens, self.tree_steps = 0.0, 0.0, 0
 
     def _source(self, name: str) -> SourceStats:
         if name not in self.sources:
@@ -270,7 +259,7 @@ class AdaptiveK:
         so far. Where blocks cost little more than a one-token pass (the native kernel) that is
         3-4, so a first try at a long copy is not cut at 2 tokens; where a 2-token pass costs
         1.3x (llama.cpp's bf16 blocks) it is 2, what first tries drafted on every engine
-        before (docs/benchmark.md, "Later the same day on the Zen 5 VM"). Until passes of two
+        before (`git show 3681d61:docs/benchmark.md`, "Later the same day on the Zen 5 VM"). Until passes of two
         sizes are measured the line is flat (`pass_time`), which would make every k look free:
         then 2, modestly."""
         if len(self.verify_n) < 2:
@@ -278,36 +267,17 @@ class AdaptiveK:
         tokens = [expected_tokens_per_step(self.PRIOR, k) for k in range(self.k_max + 1)]
         return max(range(1, self.k_max + 1), key=lambda k: tokens[k] / self.pass_time(k + 1))
 
-    def tree_size(self, k: int, source: str, size: int) -> int:
-        """Nodes to draft this step as a tree of at most `size`: the chain's k, or all `size`
-        where extra nodes pay (module docstring)."""
-        if k == 0 or size <= k or not self.verify_n:
-            return k
-        self.tree_steps += 1
-        w = self.TREE_WEIGHT
-        added = (self.extra_tokens + self.TREE_YIELD * w) / (self.extra_nodes + w)  # tokens an extra node adds
-        cost = self.pass_time(k + 2) - self.pass_time(k + 1)  # seconds an extra node adds to the pass
-        rate = self.expected_rates(source)[k]  # tokens a second without them
-        return size if added > rate * cost or self.tree_steps % self.probe_every == 0 else k
-
-    def update_tree(self, extra_nodes: int, extra_tokens: int) -> None:
-        """A tree step's nodes beyond its chain, and the tokens accepted among them."""
-        if extra_nodes:
-            self.extra_nodes = self.decay * self.extra_nodes + extra_nodes
-            self.extra_tokens = self.decay * self.extra_tokens + extra_tokens
-
     def update(self, drafted: int, accepted: int, draft_seconds: float, verify_seconds: float,
                source: str = "model") -> None:
         """One step's outcome: `drafted` proposals from `source`, the first `accepted` kept."""
         self.update_batch([(source, drafted, accepted)], draft_seconds, verify_seconds)
 
     def update_batch(self, outcomes: list[tuple[str | None, int, int]], draft_seconds: float,
-                     verify_seconds: float, rows: int | None = None) -> None:
+                     verify_seconds: float) -> None:
         """One step of a batch: per row (source, drafted, accepted), then the step's draft and
         verify seconds. The draft time is charged to the costliest source the step used (a
         model draft's steps dwarf a lookup's microseconds), per draft step; a source measured
-        for the first time is charged with it too. rows: the verify pass's tokens, where it held
-        more than the sources' chains (a tree)."""
+        for the first time is charged with it too."""
         d = self.decay
         used = [(self._source(src), n) for src, n, _ in outcomes if n]
         for src, drafted, accepted in outcomes:
@@ -331,10 +301,40 @@ class AdaptiveK:
             for s in {id(s): s for s, _ in used}.values():
                 if s is costliest or s.t_draft is None:
                     s.t_draft = per_step if s.t_draft is None else d * s.t_draft + (1 - d) * per_step
-        size = rows or sum(n + 1 for _, n, _ in outcomes)
+        size = sum(n + 1 for _, n, _ in outcomes)
         for n in self.verify_n:
             self.verify_n[n] *= d
             self.verify_s[n] *= d
         self.verify_n[size] = self.verify_n.get(size, 0.0) + 1
         self.verify_s[size] = self.verify_s.get(size, 0.0) + verify_seconds
         self._verify_fit = None
+
+
+class FixedK:
+    """k drafts a step, from the drafter's preferred source: the schedule of an integer
+    `num_draft_tokens`. It learns nothing, so the loop treats it as any schedule."""
+
+    def __init__(self, k: int):
+        self.k = k
+
+    def choose_batch(self, rows: list[tuple[str, ...]]) -> list[tuple[str | None, int]]:
+        return [(s[0], self.k) if s else (None, 0) for s in rows]
+
+    def update_batch(self, outcomes, draft_seconds: float, verify_seconds: float) -> None:
+        pass
+
+    def __repr__(self) -> str:
+        return f"FixedK({self.k})"
+
+
+def as_schedule(num_draft_tokens, k_max: int = AdaptiveK.K_MAX) -> "AdaptiveK | FixedK":
+    """The schedule `num_draft_tokens` names: "auto" (a fresh AdaptiveK of up to k_max drafts),
+    an AdaptiveK as it is (it goes on learning), or an integer k >= 1."""
+    k = num_draft_tokens
+    if isinstance(k, (AdaptiveK, FixedK)):
+        return k
+    if isinstance(k, str) and k == "auto":
+        return AdaptiveK(k_max=k_max)
+    if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+        raise ValueError(f"num_draft_tokens must be an integer >= 1, 'auto' or an AdaptiveK, got {k!r}")
+    return FixedK(k)

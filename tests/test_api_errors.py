@@ -119,6 +119,23 @@ def test_draft_with_another_vocabulary_and_no_tokenizers(target, draft, models, 
         call_speculative(models, target=target, draft=draft)
 
 
+def test_a_model_free_drafter_with_another_vocabulary_is_refused(models, no_compute):
+    # Only a model draft can be bridged through text; a datastore of another vocabulary, alone
+    # or inside a composite (beside a draft that needs no bridge), is refused by the one decision.
+    from specdec import CompositeDrafter, Datastore, DatastoreDrafter
+
+    wide = Datastore([[1, 2, 3, 1, 2]], VOCAB + 16)
+    for drafter in (DatastoreDrafter(wide), CompositeDrafter(datastore=wide)):
+        with pytest.raises(ValueError, match=r"another vocabulary \(80\) than the target's \(64\)"):
+            speculative_generate(models["target"], drafter, None, PROMPT, 8)
+
+
+def test_the_default_drafter_of_a_target_without_shipped_parts_is_prompt_lookup(models):
+    from specdec import default_drafter
+
+    assert isinstance(default_drafter(models["target"]), NgramDrafter)
+
+
 def test_wrong_model_and_draft_types(models, no_compute):
     with pytest.raises(TypeError, match="model"):
         generate("not a model", None, PROMPT, 4)
@@ -155,12 +172,12 @@ class CountingTokenizer:
 
 def test_another_tokenizer_is_told_apart_once(models, no_compute):
     from specdec import ModelDrafter
-    from specdec.bridge import TextBridge, bridged
+    from specdec.bridge import TextBridge, for_target
 
     mine = CountingTokenizer({"a": 0, "b": 1})
     theirs = CountingTokenizer({"a": 0, "c": 1})
     drafter = ModelDrafter(models["draft"], tokenizer=theirs)
     for _ in range(2):
-        assert isinstance(bridged(drafter, models["target"], mine), TextBridge)
-    assert bridged(drafter, models["target"], theirs) is drafter  # the same tokenizer: no bridge
+        assert isinstance(for_target(drafter, models["target"], mine), TextBridge)
+    assert for_target(drafter, models["target"], theirs) is drafter  # the same tokenizer: no bridge
     assert mine.built == theirs.built == 1  # fingerprinted once per tokenizer, not per call

@@ -13,7 +13,7 @@ import torch
 
 from specdec import load_model
 from specdec.models import kernel
-from specdec.models.base import HFAdapter
+from specdec.models.hf import HFAdapter
 
 from tiny import needs_model, save_tiny, tiny_hf_model
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from specdec import generate, load_model
-from specdec.models.base import HFAdapter
+from specdec.models.hf import HFAdapter
 
 from tiny import needs_model, save_tiny, tiny_hf_model
 

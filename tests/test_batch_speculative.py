@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from specdec import CompositeDrafter, ModelDrafter, NgramDrafter, generate, load_model, speculative_generate
-from specdec.models.base import HFAdapter
+from specdec.models.hf import HFAdapter
 
 from tiny import needs_model, save_tiny, tiny_hf_model
 

@@ -387,25 +387,6 @@ def test_run_benchmark_ngram_and_peers(report):
     assert 0 < rp["lookup"]["overall"] <= sp["lookup"]["overall"] + 1e-9
 
 
-@needs_model
-def test_run_benchmark_with_trees(prompt_file):
-    # --tree-size: lookup + the shipped datastore with trees ("store-tree") beside the chain, and
-    # against it and lookup alone in the report's "against its own sources".
-    cfg = BenchConfig(model=MODEL, datastore=MODEL, tree_size=8, dtype="float32", threads=TORCH_THREADS,
-                      prompts=str(prompt_file), max_tokens=12, trials=1, ks=["auto"], peers=False,
-                      llama_cpp_peers=False)
-    rep = run_benchmark(cfg, progress=False, log=lambda msg: None)
-    ms = check_common(rep, ["normal", "spec-ngram-kauto", "spec-store-kauto", "spec-store-tree-kauto"], 2, 1)
-    assert ms["spec-store-tree-kauto"]["overall"]["tokens_per_target_call"] >= 1.0
-    assert set(rep["composite_vs_sources"]["spec-store-tree-kauto"]["overall"]["best_source"].split()) <= {
-        "spec-ngram-kauto", "spec-store-kauto"}
-    for bad, engine, needle in [(8, "llama.cpp", "native"), (-1, "native", "tree_size")]:
-        with pytest.raises(ValueError, match=needle):
-            BenchConfig(model=MODEL, datastore=MODEL, tree_size=bad, engine=engine).validate()
-    with pytest.raises(ValueError, match="datastore"):
-        BenchConfig(model=MODEL, tree_size=8).validate()
-
-
 def check_under_ceiling(rep, kinds):
     """No method passes more tokens per verification than its drafter's replayed best (float32: exact)."""
     ms, c = methods_by_name(rep), rep["ceilings"]

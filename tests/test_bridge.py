@@ -213,7 +213,7 @@ def test_prompt_lookup_needs_no_bridge(pair):
     target, _ = pair
     got = speculative_generate(target, NgramDrafter(), target.tokenizer, PROMPTS[2], 20)
     assert got.token_ids == generate(target, target.tokenizer, PROMPTS[2], 20).token_ids
-    assert specdec.bridge.bridged(NgramDrafter(), target, target.tokenizer).__class__ is NgramDrafter
+    assert specdec.bridge.for_target(NgramDrafter(), target, target.tokenizer).__class__ is NgramDrafter
 
 
 # ----------------------------------------------------------------------------- the real pair

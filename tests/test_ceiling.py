@@ -172,10 +172,10 @@ class CostedAdaptiveK(AdaptiveK):
         super().__init__(k_max)
         self.pass_cost, self.steps = pass_cost, []
 
-    def update_batch(self, outcomes, draft_seconds, verify_seconds, rows=None):
+    def update_batch(self, outcomes, draft_seconds, verify_seconds):
         (source, drafted, accepted), = outcomes
         self.steps.append((source, drafted, accepted))
-        super().update_batch(outcomes, 0.0, self.pass_cost[drafted + 1], rows)
+        super().update_batch(outcomes, 0.0, self.pass_cost[drafted + 1])
 
 
 @pytest.mark.parametrize("costs", ["flat", "steep"])

@@ -185,14 +185,6 @@ def test_bench_out_is_a_file(capsys, tmp_path, no_load):
     assert out.read_text() == "keep me"
 
 
-def test_bench_trees_need_the_native_engine_and_a_datastore(capsys, tmp_path, no_load):
-    assert_one_line_error(*run(capsys, "bench", "--tree-size", "8", "--datastore", "none", "--out", tmp_path / "o"),
-                          "datastore")
-    rc, _, err = run(capsys, "bench", "--tree-size", "0", "--out", tmp_path / "o")  # argparse's own error
-    assert rc == 2 and "--tree-size: must be >= 1" in err
-    assert not (tmp_path / "o").exists()
-
-
 def test_bench_unknown_category(capsys, tmp_path, no_load):
     out = tmp_path / "out"
     assert_one_line_error(*run(capsys, "bench", "--categories", "nope", "--out", out), "nope")
@@ -288,14 +280,6 @@ def test_datastore_command_refuses_what_is_not_a_distill_run(capsys, tmp_path):
     assert rc == 2 and "no such file" in err
 
 
-def test_head_mistakes_fail_before_loading(capsys, tmp_path, no_load):
-    assert_one_line_error(*run(capsys, "generate", "hi", "--head", tmp_path / "missing.safetensors"), "no such file")
-    assert_one_line_error(*run(capsys, "generate", "hi", "--head", MODEL, "--datastore", "none"),
-                          "native engine and a datastore")
-    assert_one_line_error(*run(capsys, "bench", "--head", MODEL, "--engine", "llama.cpp", "--out", tmp_path / "o"),
-                          "native engine and a datastore")
-
-
 def test_the_default_drafter_is_lookup_with_the_shipped_datastore():
     from specdec import CompositeDrafter, NgramDrafter
     from specdec.cli import build_parser, load_datastore_arg, make_drafter, resolve_draft
@@ -309,6 +293,19 @@ def test_the_default_drafter_is_lookup_with_the_shipped_datastore():
     # Another target: no datastore ships for it; prompt lookup alone.
     args = build_parser().parse_args(["generate", "hi", "--model", "some/dir"])
     assert resolve_draft(args) == "ngram" and load_datastore_arg(args) is None
+
+
+def test_the_apis_default_drafter_is_the_clis():
+    # specdec.default_drafter(target) gives an API user what `specdec generate` drafts with.
+    from types import SimpleNamespace
+
+    from specdec import default_drafter
+    from specdec.cli import build_parser, load_datastore_arg, make_drafter, resolve_draft
+
+    args = build_parser().parse_args(["generate", "hi"])
+    cli = make_drafter(resolve_draft(args), None, None, datastore=load_datastore_arg(args))
+    api = default_drafter(SimpleNamespace(name=MODEL))  # only the target's name decides
+    assert repr(api) == repr(cli) and api.store.store is cli.store.store
 
 
 @needs_model
@@ -400,30 +397,12 @@ def test_bench_runs_a_spec_bench_file_with_the_default_methods(capsys, tmp_path)
     # the defaults: the shipped draft and datastore, every drafter with k = auto, no fixed k
     assert [m["name"] for m in report["methods"]] == ["normal", "spec-ngram-kauto", "spec-store-kauto",
                                                       "spec-draft-kauto", "spec-composite-kauto"]
-    assert report["config"]["datastore"] == "smollm2-135m-instruct" and report["config"]["head"] is None
+    assert report["config"]["datastore"] == "smollm2-135m-instruct"
     assert set(report["composite_vs_sources"]["spec-composite-kauto"]["overall"]) >= {"best_source", "ratio"}
     for m in report["methods"]:
         assert set(m["categories"]) == {"writing", "summarization"}
         assert m["mismatches"] == []  # float32 greedy
     assert "spec-composite-kauto" in out
-
-
-@needs_model
-def test_bench_runs_the_hidden_state_head_when_asked(capsys, tmp_path):
-    import json
-
-    from test_bench import SPEC_BENCH_ROWS
-
-    questions = tmp_path / "question.jsonl"
-    questions.write_text("".join(json.dumps(r) + "\n" for r in SPEC_BENCH_ROWS[:2]))
-    rc, out, err = run(capsys, "bench", "--prompts", questions, "--no-peers", "--no-llama-cpp", "--no-draft",
-                       "--head", MODEL, "--max-tokens", 8, "--trials", 1, "--threads", 2, "--out", tmp_path / "out")
-    assert rc == 0, err
-    report = json.loads((tmp_path / "out" / "report.json").read_text())
-    assert [m["name"] for m in report["methods"]] == ["normal", "spec-ngram-kauto", "spec-store-kauto",
-                                                      "spec-store-head-kauto"]
-    assert all(m["mismatches"] == [] for m in report["methods"])  # bf16 on the kernel: exact
-    assert set(report["composite_vs_sources"]["spec-store-head-kauto"]["overall"]) >= {"best_source", "ratio"}
 
 
 @needs_model

@@ -19,7 +19,7 @@ import time
 import pytest
 import torch
 
-import specdec.decoding as decoding
+import specdec.request as request
 from specdec import CompositeDrafter, ModelDrafter, NgramDrafter, generate, load_model, speculative_generate
 from specdec.models import kernel
 
@@ -46,7 +46,7 @@ class JitterClock:
 def busy(monkeypatch):
     """Each call to it re-seeds the loop's clock with new jitter."""
     def new(seed):
-        monkeypatch.setattr(decoding, "time", JitterClock(seed))
+        monkeypatch.setattr(request, "time", JitterClock(seed))
     return new
 
 

@@ -77,13 +77,13 @@ def test_the_drafter_proposes_the_continuation_and_names_its_match_length():
     drafter.begin(100)
     ids = [8, 2, 3, 4]
     assert drafter.sources(ids) == ("store3",)
-    assert drafter.propose(ids, 2, GREEDY, None) == ([5, 6], None)  # tie between 5 and 7: the smaller id
+    assert drafter.propose(ids, 2, GREEDY, None) == [5, 6]  # tie between 5 and 7: the smaller id
     assert drafter.sources([8, 8]) == ()
     comp = CompositeDrafter(datastore=drafter)  # lookup first, then the store; no model
     comp.begin(100)
     assert comp.sources([2, 3, 0, 2, 3]) == ("lookup2", "store2")
-    assert comp.propose_rows({0: ([2, 3, 0, 2, 3], 2, "store2")}, GREEDY, {0: None}) == {0: ([4, 5], None)}
-    assert comp.propose_rows({0: ([2, 3, 0, 2, 3], 2, "lookup2")}, GREEDY, {0: None}) == {0: ([0, 2], None)}
+    assert comp.propose_rows({0: ([2, 3, 0, 2, 3], 2, "store2")}, GREEDY, {0: None}) == {0: [4, 5]}
+    assert comp.propose_rows({0: ([2, 3, 0, 2, 3], 2, "lookup2")}, GREEDY, {0: None}) == {0: [0, 2]}
 
 
 def test_a_datastore_round_trips_through_its_file(tmp_path):

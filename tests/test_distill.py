@@ -9,10 +9,10 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from specdec import distill as D
+from specdec.train import distill as D
 from specdec import generate, load_model, speculative_generate
 from specdec.cli import main
-from specdec.distill_prompts import passage_requests, training_conversations
+from specdec.train.prompts import passage_requests, training_conversations
 from specdec.models.loading import materialize_draft
 from tiny import save_tiny
 
@@ -146,7 +146,7 @@ def test_saved_draft_loads_natively_and_in_transformers(tmp_path, target, exampl
 
 def test_head_tokens_are_the_most_written_and_ship_with_the_draft(tmp_path, target, examples):
     from specdec import ModelDrafter
-    from specdec.models.loading import HEAD_TOKENS_FILE
+    from specdec.models.registry import HEAD_TOKENS_FILE
 
     draft = D.train(config(tmp_path / "run", steps=2), examples, target[1], progress=False)
     D.save_draft(draft, target[0], tmp_path / "run")
@@ -315,7 +315,7 @@ def test_the_target_writes_its_own_user_turns_for_the_self_mix():
     # leave out anything excluded; the same seed writes the same turns.
     from transformers import AutoTokenizer
 
-    from specdec.distill_prompts import OPENERS, openers
+    from specdec.train.prompts import OPENERS, openers
     from specdec.models.loading import hf_checkpoint
 
     path = hf_checkpoint("smollm2-135m-instruct")

@@ -20,7 +20,7 @@ PROMPTS = {
     "random": [3, 41, 17, 59, 8, 22, 36, 1, 50],
     "repeated": [5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6, 7, 8, 5, 6, 7],
 }
-DRAFTS = ["target", "poor", "noisy", "ngram", "raw-hf", "composite", "confident", "head", "store", "all-three"]
+DRAFTS = ["target", "poor", "noisy", "ngram", "raw-hf", "composite", "head", "store", "all-three"]
 KS = [1, 2, 4, 8, "auto"]
 
 
@@ -90,9 +90,6 @@ def make_draft(kind, models):
         return NgramDrafter()
     if kind == "composite":  # lookup where the context repeats, the noisy model elsewhere
         return CompositeDrafter(models["noisy"])
-    if kind == "confident":  # stops proposing where it is unsure: blocks of varying length
-        # (its top probability along these outputs: quartiles 0.041, 0.045, 0.052)
-        return ModelDrafter(models["noisy"], min_confidence=0.045)
     if kind == "head":  # scores only every other token: it can never propose the rest
         return ModelDrafter(models["noisy"], head_tokens=list(range(0, models["noisy"].vocab_size, 2)))
     if kind == "store":  # lookup, else the datastore's continuation: no model
@@ -130,10 +127,8 @@ def test_speculative_equals_greedy(prompt_name, draft_kind, k, models, reference
     assert res.finish_reason == "length"
     assert res.prompt_ids == PROMPTS[prompt_name]
     assert res.text is None
-    check_stats(res, drafter_has_model={"ngram": False, "composite": None, "confident": None, "head": None,
+    check_stats(res, drafter_has_model={"ngram": False, "composite": None, "head": None,
                                         "store": False, "all-three": None}.get(draft_kind, True))
-    if draft_kind == "confident" and k in (4, 8):
-        assert 0 < res.stats.drafted < k * (res.stats.target_calls - 1)  # the stop did cut blocks
     assert len(res.stats.proposed_at) <= (AdaptiveK().k_max if k == "auto" else k)
     if k == "auto":
         return  # the schedule picks k per step (0 included): only the output is pinned down
@@ -169,10 +164,10 @@ def test_lookup_sources_and_proposals():
     ngram = NgramDrafter(max_ngram=3)
     ids = [1, 2, 3, 4, 5, 9, 2, 3, 4, 6, 7, 1, 2, 3]
     assert ngram.sources(ids) == ("lookup3",)  # 1 2 3 was seen, followed by 4 5 9
-    assert ngram.propose(ids, 2, greedy, None) == ([4, 5], None)
+    assert ngram.propose(ids, 2, greedy, None) == [4, 5]
     assert ngram.sources([8, 2, 3, 4, 2, 3]) == ("lookup2",)  # the latest match of the longest suffix
-    assert ngram.propose([8, 2, 3, 4, 2, 3], 8, greedy, None) == ([4, 2, 3], None)
-    assert ngram.sources([1, 2, 3]) == () and ngram.propose([1, 2, 3], 4, greedy, None) == ([], None)
+    assert ngram.propose([8, 2, 3, 4, 2, 3], 8, greedy, None) == [4, 2, 3]
+    assert ngram.sources([1, 2, 3]) == () and ngram.propose([1, 2, 3], 4, greedy, None) == []
 
 
 def test_lookup_finds_what_a_window_by_window_search_finds():
@@ -205,14 +200,14 @@ def test_composite_proposes_from_the_chosen_source(models):
     comp.begin(64)
     comp.prefill([ids])
     assert comp.sources(ids) == ("lookup3", "model")
-    looked_up, _ = comp.propose(ids, 3, SamplingParams(0.0), None)
+    looked_up = comp.propose(ids, 3, SamplingParams(0.0), None)
     assert looked_up == [8, 5, 6] and comp.calls == 0  # the lookup, as a fixed k would take; the model unrun
-    drafted, _ = comp.propose(ids, 3, SamplingParams(0.0), None, source="model")
+    drafted = comp.propose(ids, 3, SamplingParams(0.0), None, source="model")
     assert comp.calls == 1 + 3  # the model read the prompt, then ran once per token
     model_only = ModelDrafter(models["noisy"])
     model_only.begin(64)
     model_only.prefill([ids])
-    assert drafted == model_only.propose(ids, 3, SamplingParams(0.0), None)[0]
+    assert drafted == model_only.propose(ids, 3, SamplingParams(0.0), None)
 
 
 def test_the_datastore_drafts_where_lookup_has_nothing_and_is_partly_right(models, reference):
@@ -276,7 +271,7 @@ def test_the_draft_reads_a_prompt_only_when_first_asked_to_propose(models):
     d.begin(64)
     d.prefill([prompt])
     assert d.calls == 0 and d.seconds == 0.0
-    tokens, _ = d.propose(prompt, 3, SamplingParams(), None)
+    tokens = d.propose(prompt, 3, SamplingParams(), None)
     assert d.calls == 1 + 3 and 0 < d.setup_seconds < d.seconds
     m = models["noisy"].fork()
     m.reset(64)
@@ -352,15 +347,15 @@ def test_auto_keeps_one_row_within_the_engines_tile_of_rows(models, reference, m
     # An engine whose passes compute `pass_tile` rows at once (the AMX kernel: 16) gets a
     # schedule that drafts at most pass_tile - 1 a step for one row; others the usual most.
     import specdec.decoding
+    from specdec.schedule import as_schedule
 
     made = []
 
-    class Recorded(AdaptiveK):
-        def __init__(self, **kw):
-            super().__init__(**kw)
-            made.append(self.k_max)
+    def recorded(num_draft_tokens, k_max):
+        made.append(k_max)
+        return as_schedule(num_draft_tokens, k_max)
 
-    monkeypatch.setattr(specdec.decoding, "AdaptiveK", Recorded)
+    monkeypatch.setattr(specdec.decoding, "as_schedule", recorded)
     target = models["target"]
     tiled = target.fork()
     tiled.__class__ = type("Tiled", (type(target),), {"pass_tile": 4})

@@ -262,7 +262,7 @@ def test_bench_on_the_engine_with_llama_cpp_peers(tmp_path):
 
 
 def test_distill_writes_the_draft_as_gguf(tmp_path):
-    from specdec.distill import DRAFT_GGUF, write_draft_gguf
+    from specdec.train.distill import DRAFT_GGUF, write_draft_gguf
 
     ckpt = save_tiny(tmp_path / "draft", "llama", seed=3)
     path = write_draft_gguf(ckpt, str(ckpt))  # a target without a GGUF of its own: token ids only

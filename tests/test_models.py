@@ -148,7 +148,7 @@ def gpt2():
 
 
 def test_gpt2_through_adapter(gpt2):
-    model = specdec.models.base.as_language_model(gpt2)
+    model = specdec.models.hf.as_language_model(gpt2)
     assert isinstance(model, HFAdapter)
     assert model.vocab_size == 64 and model.max_context == 128
     ref = hf_logits(gpt2, SEQ)
@@ -171,7 +171,7 @@ def test_adapter_rejects_non_models():
     with pytest.raises(TypeError):
         HFAdapter(torch.nn.Linear(2, 2))
     with pytest.raises(TypeError):
-        specdec.models.base.as_language_model(object())
+        specdec.models.hf.as_language_model(object())
 
 
 # ----------------------------------------------------------------------------- load_model errors and dtype

@@ -224,24 +224,3 @@ def test_an_unmeasured_source_is_tried_unless_a_preferred_one_pays():
     assert plan[0][0] == "lookup3" and plan[0][1] > 2 and plan[1:] == [("model", first), (None, 0)]
     # Before any verify pass, every row starts modestly with its preferred source.
     assert AdaptiveK().choose_batch([("lookup3", "model"), ("model",)]) == [("lookup3", 2), ("model", 2)]
-
-
-def test_trees_grow_where_extra_rows_cost_nothing_and_stay_chains_where_they_cost_more_than_they_add():
-    # A tree of 12 after a chain of 3 (2.02 tokens expected): its extra nodes have added 0.06
-    # tokens each (a datastore's siblings on the AMX VM). Rows free (a GPU): grow. Each row 3%
-    # of a one-token pass: the 0.03 T a node costs would make 0.056 tokens at the chain's rate,
-    # less than it adds: grow. At 6% (0.10 tokens): chains, but a tree every probe_every-th
-    # step, to keep measuring.
-    for slope, grows in [(0.0, True), (0.03, True), (0.06, False)]:
-        s = trained(0.55, t_draft=0.0, verify=lambda k: T * (1 + slope * k))
-        for _ in range(50):
-            s.update_tree(9, 0.06 * 9)
-        picks = [s.tree_size(3, "model", 12) for _ in range(3 * s.probe_every)]
-        if grows:
-            assert picks == [12] * len(picks)
-        else:
-            assert picks.count(12) == 3 and set(picks) == {3, 12}
-    # Before anything is measured a tree is a chain; k = 0 is a plain step either way.
-    assert AdaptiveK().tree_size(3, "model", 12) == 3
-    assert trained(0.55, t_draft=0.0).tree_size(0, "model", 12) == 0
-

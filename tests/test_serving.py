@@ -67,7 +67,8 @@ def start(args: list[str]):
 
 @pytest.fixture(scope="module")
 def servers():
-    from specdec.models.loading import embedded_gguf_path, gguf_for
+    from specdec.models.loading import gguf_for
+    from specdec.models.registry import embedded_gguf_path
 
     target = embedded_gguf_path("smollm2-135m-instruct")  # Q4_1, as it ships
     draft = gguf_for("smollm2-135m-instruct-draft")  # bf16, with the target's tokenizer metadata

@@ -212,7 +212,7 @@ def shipped_draft(tmp_path_factory):
 
 
 def test_shipped_draft_is_small_and_complete(shipped_draft):
-    from specdec.models.loading import SHIPPED_DRAFTS
+    from specdec.models.registry import SHIPPED_DRAFTS
 
     source = SHIPPED_DRAFTS[DRAFT][0]
     shipped = sum(f.stat().st_size for f in source.iterdir())
@@ -254,7 +254,7 @@ def test_speculative_with_shipped_draft_equals_greedy(name, reference, f32, tok,
     from specdec import CompositeDrafter, ModelDrafter
 
     draft = load_model(DRAFT, dtype="float32")
-    for drafter in (ModelDrafter(draft), CompositeDrafter(draft, min_confidence=0.3)):
+    for drafter in (ModelDrafter(draft), CompositeDrafter(draft)):
         res = speculative_generate(f32, drafter, tok, PROMPTS[name], MAX_NEW, num_draft_tokens=4, chat=True)
         assert res.token_ids == reference[name].token_ids
         check_stats(res)

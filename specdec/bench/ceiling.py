@@ -61,7 +61,7 @@ def lookup_runs(prompt_ids: list[int], output: list[int], k_max: int,
     seq = list(prompt_ids) + list(output)
     runs = [0]
     for t in range(1, len(output)):
-        proposal, _ = lookup.propose(seq[: len(prompt_ids) + t], k_max, GREEDY, None)
+        proposal = lookup.propose(seq[: len(prompt_ids) + t], k_max, GREEDY, None)
         runs.append(agreeing(proposal, output[t:]))
     return runs
 
@@ -87,7 +87,7 @@ def offers(drafter: Drafter, prompt_ids: list[int], output: list[int], k_max: in
         ids = seq[: len(prompt_ids) + t]
         here = []
         for name in drafter.sources(ids):
-            proposal, _ = drafter.propose_rows({0: (ids, k_max, name)}, GREEDY, {0: None}).get(0, ([], None))
+            proposal = drafter.propose_rows({0: (ids, k_max, name)}, GREEDY, {0: None}).get(0, [])
             here.append((name, len(proposal), agreeing(proposal, output[t:]), proposal[0] if proposal else None))
         steps.append(here)
     return steps

@@ -25,12 +25,12 @@ import torch
 
 from .. import __version__
 from ..bridge import needs_bridge
+from ..datastore import load_datastore
 from ..decoding import auto_k_max
 from ..drafters import CompositeDrafter, ModelDrafter, NgramDrafter
-from ..head import load_head
 from ..models import kernel
-from ..models.loading import (DEFAULT_MODEL, LLAMA_CPP_ONLY, default_engine, hf_checkpoint, load_datastore, load_model,
-                              resolve_dtype)
+from ..models.loading import hf_checkpoint, load_model, resolve_dtype
+from ..models.registry import DEFAULT_MODEL, LLAMA_CPP_ONLY, default_engine
 from ..schedule import AdaptiveK
 from . import methods as M
 from .ceiling import ceilings
@@ -47,7 +47,6 @@ class BenchConfig:
     engine: str = "native"  # what runs the target and the draft: "native" or "llama.cpp"
     draft: str | None = None  # a draft model (name or path); the n-gram drafter always runs
     datastore: str | None = None  # a datastore file, or an embedded target's name for its shipped one
-    head: str | None = None  # a hidden-state head file, or an embedded target's name ("store-head"; native engine)
     dtype: str | None = None
     device: str = "cpu"
     threads: int | None = None
@@ -63,8 +62,6 @@ class BenchConfig:
     top_p: float | None = None
     peers: bool = True  # transformers' generate / assisted / prompt lookup
     llama_cpp_peers: bool = True  # llama.cpp's own generation (and, on that engine, its prompt lookup), if installed
-    min_confidence: float = 0.0  # > 0: also the draft model with this confidence stop ("draft-stop")
-    tree_size: int = 0  # > 0: also lookup + datastore with trees of this many drafts ("store-tree"; native engine)
     batch_sizes: list[int] | None = None  # run the batched study (bench/batched.py) at these B instead
     # Serving endpoints (bench/serving.py) instead of local models: "NAME=URL" each.
     endpoints: list[str] | None = None
@@ -93,16 +90,6 @@ class BenchConfig:
         if not self.ks or bad:
             raise ValueError(f"num_draft_tokens values must be integers >= 1 or 'auto', got {self.ks}")
         self.ks = sorted({k for k in self.ks if k != "auto"}) + ["auto"] * ("auto" in self.ks)
-        if not 0.0 <= self.min_confidence < 1.0:
-            raise ValueError(f"min_confidence must be in [0, 1), got {self.min_confidence}")
-        if not isinstance(self.tree_size, int) or isinstance(self.tree_size, bool) or self.tree_size < 0:
-            raise ValueError(f"tree_size must be an integer >= 0, got {self.tree_size!r}")
-        if self.tree_size and self.engine != "native":
-            raise ValueError(f"trees need an engine that verifies them (native), not {self.engine}")
-        if self.tree_size and not self.datastore:
-            raise ValueError("trees grow from a datastore: give --datastore")
-        if self.head and (self.engine != "native" or not self.datastore):
-            raise ValueError("a hidden-state head needs the native engine and a datastore")
         if self.batch_sizes is not None:
             if not self.batch_sizes or any(not isinstance(b, int) or isinstance(b, bool) or b < 1
                                            for b in self.batch_sizes):
@@ -123,7 +110,7 @@ class BenchConfig:
             raise ValueError(f"request timeout must be > 0 seconds, got {self.request_timeout}")
         if self.threads is not None and self.threads < 1:
             raise ValueError(f"threads must be >= 1, got {self.threads}")
-        from ..decoding import check_sampling
+        from ..request import check_sampling
 
         check_sampling(self.temperature, self.top_k, self.top_p)
         if self.device.startswith("cuda") and not torch.cuda.is_available():
@@ -218,7 +205,7 @@ def measure_costs(target, drafts: dict, ks, k_max: int) -> dict:
 
 
 def build_methods(cfg: BenchConfig, target, draft_model, hf, hf_draft, llama_gguf=None, n_ctx=None,
-                  store=None, head=None) -> list[M.Method]:
+                  store=None) -> list[M.Method]:
     # n_ctx: llama.cpp's own loops, whose context must leave room past the longest request:
     # its speculative loop writes a block of drafts before it checks the context's end.
     # A fixed seed: each prompt's sampled output is the same in every trial, so trials time the same work.
@@ -228,18 +215,9 @@ def build_methods(cfg: BenchConfig, target, draft_model, hf, hf_draft, llama_ggu
     drafters = {"ngram": NgramDrafter}
     if store is not None:
         drafters["store"] = lambda: CompositeDrafter(datastore=store)
-        if cfg.tree_size:
-            drafters["store-tree"] = lambda: CompositeDrafter(datastore=store, tree_size=cfg.tree_size)
-        if head is not None:
-            drafters["store-head"] = lambda: CompositeDrafter(datastore=store, head=head)
     if draft_model is not None:
         drafters.update(draft=lambda: ModelDrafter(draft_model),
                         composite=lambda: CompositeDrafter(draft_model, datastore=store))
-        if cfg.min_confidence:
-            stop = cfg.min_confidence
-            drafters.update({"draft-stop": lambda: ModelDrafter(draft_model, min_confidence=stop),
-                             "composite-stop": lambda: CompositeDrafter(draft_model, min_confidence=stop,
-                                                                        datastore=store)})
     methods: list[M.Method] = [M.Normal(target, sp)]
     methods += [M.Speculative(target, make(), name, k, sp) for name, make in drafters.items() for k in ks]
     if hf is not None:
@@ -256,6 +234,10 @@ def build_methods(cfg: BenchConfig, target, draft_model, hf, hf_draft, llama_ggu
     if llama_gguf is not None:  # the runtime a CPU user would pick instead, on the same weights
         peer = dict(eos_ids=target.eos_token_ids, n_ctx=n_ctx, threads=torch.get_num_threads())
         methods.append(M.LlamaCpp(LLAMA_CPP_BASELINE, llama_gguf, **peer))
+        if cfg.engine == "native":  # what a CPU user runs instead: llama.cpp's fastest plain decoding here
+            from ..models.loading import gguf_for
+
+            methods.append(M.LlamaCpp(LLAMA_CPP_Q8, gguf_for(cfg.model, file_type="q8_0"), **peer))
         if cfg.engine == "llama.cpp":
             methods.append(M.LlamaCpp(f"llama.cpp-prompt-lookup-k{HF_PROMPT_LOOKUP_K}", llama_gguf,
                                       lookup_k=HF_PROMPT_LOOKUP_K, **peer))
@@ -374,7 +356,6 @@ def _run(cfg: BenchConfig, progress: bool, log) -> dict:
         draft_model = load_model(cfg.draft, dtype=dtype, device=cfg.device, engine=default_engine(cfg.draft, cfg.engine))
         load_s["draft"] = time.perf_counter() - t0
     store = load_datastore(cfg.datastore) if cfg.datastore else None
-    head = load_head(cfg.head, target) if cfg.head else None
     hf = hf_draft = None
     if cfg.peers and not cfg.batch_sizes and cfg.model in LLAMA_CPP_ONLY:
         log(f"transformers peers skipped: {cfg.model} has no transformers checkpoint here")
@@ -395,7 +376,7 @@ def _run(cfg: BenchConfig, progress: bool, log) -> dict:
                 "load_seconds": load_s}
     llama_gguf = llama_cpp_peer_file(cfg, target, dtype)
     methods = build_methods(cfg, target, draft_model, hf, hf_draft, llama_gguf,
-                            n_ctx=max(len(p.ids) for p in prompts) + cfg.max_tokens + 64, store=store, head=head)
+                            n_ctx=max(len(p.ids) for p in prompts) + cfg.max_tokens + 64, store=store)
     # The draft as it drafts: through ModelDrafter, with the head its checkpoint lists (if any).
     k_max = max([AdaptiveK().k_max, *cfg.fixed_ks])
     costs = measure_costs(target, {"draft": ModelDrafter(draft_model).model} if draft_model is not None else {},
@@ -523,11 +504,13 @@ def _spec_metrics(rows: list[dict]) -> dict:
 
 # llama.cpp's own plain decoding: where it ran, every method's speedup over it is reported too.
 LLAMA_CPP_BASELINE = "llama.cpp-greedy"
+# llama.cpp's plain decoding of the same weights quantized to Q8_0: its fastest configuration on
+# these CPUs, which llama-server runs (its n-gram speculation gains nothing there).
+LLAMA_CPP_Q8 = "llama.cpp-greedy-q8_0"
 
 
 # The drafters made of others, and the parts each is compared with when run alone.
-COMPOSITE_PARTS = {"store": ("ngram",), "store-tree": ("ngram", "store"), "store-head": ("ngram", "store"),
-                   "composite": ("ngram", "store", "draft")}
+COMPOSITE_PARTS = {"store": ("ngram",), "composite": ("ngram", "store", "draft")}
 
 
 def composite_vs_sources(methods, per_prompt: dict, prompts) -> dict:

@@ -73,7 +73,7 @@ def balanced_orders(n: int) -> list[list[int]]:
     keep every method's predecessor fixed, and a predecessor can leave a cost behind: on the
     AMX VM our plain decoding, always timed right after llama.cpp's generation, ran 7% slower
     than in balanced orders (91.9 against 98.8 tokens a second), which raised every ratio
-    over it by about 5% (docs/benchmark.md, "Method")."""
+    over it by about 5% (`git show 3681d61:docs/benchmark.md`, "Method")."""
     if n < 1:
         return []
     first, lo, hi = [0], 1, n - 1

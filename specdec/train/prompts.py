@@ -338,7 +338,7 @@ MIXES = ("v1", "spec-bench", "self")
 # samples what a user would ask. Templates repeat their own few phrasings; a draft trained
 # on the target's answers to them agrees with it far more on their kind than on prompts
 # written apart from them (0.52 against 0.36 greedy agreement). At the shipped draft's budget
-# its own turns do not close that gap (docs/benchmark.md); the mix stays an option. The
+# its own turns do not close that gap (`git show 3681d61:docs/benchmark.md`); the mix stays an option. The
 # openers only steer the kind of request; the empty one leaves it to the target.
 OPENERS = ["", "", "", "Write", "Explain", "How", "What", "Can you", "Translate", "Summarize", "Give me", "I",
            "You are", "Solve", "Why", "Describe", "Tell me", "List", "Compare", "Help me", "Please", "Create",

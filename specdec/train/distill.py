@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from .distill_prompts import MIXES
+from .prompts import MIXES
 
 # In a folder of its own: a checkpoint loader reads every *.safetensors beside the draft.
 STATE_FILE = "train-state/state.safetensors"
@@ -104,7 +104,7 @@ def target_writes(model, prompts: list[list[int]], max_new_tokens: int, temperat
     `model`: a specdec model whose engine batches (the native one: its kernel runs all rows'
     one-token passes together, several times faster than transformers' generate here), or a
     transformers model (`generate`; it samples from torch's global generator)."""
-    from .models.base import LanguageModel
+    from ..models.base import LanguageModel
 
     if isinstance(model, LanguageModel):
         return _writes_batched(model, prompts, max_new_tokens, temperature, top_k, set(eos_ids), generator)
@@ -128,7 +128,7 @@ def target_writes(model, prompts: list[list[int]], max_new_tokens: int, temperat
 
 
 def _writes_batched(model, prompts, max_new_tokens, temperature, top_k, eos_ids, generator):
-    from .models.base import Rows
+    from ..models.base import Rows
 
     rows = Rows(model, len(prompts))
     rows.reset(max(map(len, prompts)) + max_new_tokens)
@@ -174,7 +174,7 @@ def target_prompts(model, tokenizer, n: int, seed: int, eos_ids, pad_id: int = 0
     one in `exclude` (the bench's prompts) is dropped; deterministic for a seed."""
     from tqdm import tqdm
 
-    from .distill_prompts import openers
+    from .prompts import openers
 
     prefix = user_turn_prefix(tokenizer)
     generator = torch.Generator().manual_seed(seed)
@@ -204,9 +204,9 @@ def generate_data(cfg: DistillConfig, progress=True) -> Path:
     from transformers import AutoTokenizer
     from tqdm import tqdm
 
-    from .bench.suite import HISTORY_TOKENS, SUITE_DIR, load_suite
-    from .distill_prompts import passage_requests, training_conversations
-    from .models.loading import hf_checkpoint, load_model
+    from ..bench.suite import HISTORY_TOKENS, SUITE_DIR, load_suite
+    from .prompts import passage_requests, training_conversations
+    from ..models.loading import hf_checkpoint, load_model
 
     data = Path(cfg.out) / "data"
     data.mkdir(parents=True, exist_ok=True)
@@ -588,7 +588,7 @@ def save_draft(draft, target_path: Path, out: Path) -> None:
     """A standard checkpoint: config.json, model.safetensors (bf16), tokenizer, generation config."""
     import shutil
 
-    from .models.loading import TOKENIZER_FILES
+    from ..models.registry import TOKENIZER_FILES
 
     draft = draft.to(torch.bfloat16)
     draft.config.dtype = "bfloat16"
@@ -618,7 +618,7 @@ def head_token_ids(cfg: DistillConfig, examples: list[Example], vocab_size: int,
 
 def write_head_tokens(ids: torch.Tensor | None, examples: list[Example], heldout: int, out: Path) -> None:
     """head_tokens.json: the list, and how much of the held-out completions it covers (none: no file)."""
-    from .models.loading import HEAD_TOKENS_FILE
+    from ..models.registry import HEAD_TOKENS_FILE
 
     path = Path(out) / HEAD_TOKENS_FILE
     if ids is None:
@@ -638,7 +638,8 @@ def export_shipped(run: Path, dest: Path, target: str) -> Path:
 
     from safetensors.torch import load_file, save_file
 
-    from .models.loading import HEAD_TOKENS_FILE, SHARED_TENSORS, hf_checkpoint, read_tensor, tensor_digest
+    from ..models.loading import hf_checkpoint, read_tensor, tensor_digest
+    from ..models.registry import HEAD_TOKENS_FILE, SHARED_TENSORS
 
     run, dest = Path(run), Path(dest)
     state = load_file(str(run / "model.safetensors"))
@@ -682,8 +683,8 @@ def plot_log(out: Path) -> Path:
 def distill(cfg: DistillConfig, progress=True) -> Path:
     from transformers import AutoModelForCausalLM
 
-    from .models.base import eos_ids_of
-    from .models.loading import hf_checkpoint
+    from ..models.base import eos_ids_of
+    from ..models.loading import hf_checkpoint
 
     cfg.check()
     if cfg.threads:
@@ -719,7 +720,7 @@ def distill(cfg: DistillConfig, progress=True) -> Path:
 def write_datastore(data_dirs, out: Path, vocab_size: int, recipe: str = "") -> Path:
     """The target's replies in the runs' data (each written reply once) as a datastore for
     retrieval drafting (specdec.datastore): what it writes again and again, whatever the prompt."""
-    from .datastore import Datastore
+    from ..datastore import Datastore
 
     replies = {}
     for data in data_dirs:
@@ -735,8 +736,8 @@ def write_draft_gguf(out: Path, target: str) -> Path:
     """The draft as GGUF too (bf16, full output head: GGUF has no head-token list), for the
     llama.cpp engine and for `llama-server -md`. Where the target is a GGUF file (embedded or
     given), its tokenizer metadata is copied, so llama.cpp sees the two vocabularies as one."""
-    from .models.gguf_write import write_gguf
-    from .models.loading import EMBEDDED_GGUF, embedded_gguf_path
+    from ..models.gguf_write import write_gguf
+    from ..models.registry import EMBEDDED_GGUF, embedded_gguf_path
 
     source = embedded_gguf_path(target) if target in EMBEDDED_GGUF else Path(target)
     return write_gguf(out, out / DRAFT_GGUF, metadata_from=source if source.suffix == ".gguf" else None)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The CUDA check of docs/benchmark.md, "On a GPU": `specdec bench --quick` on a borrowed GPU
+# The CUDA check of `git show 3681d61:docs/benchmark.md`, "On a GPU" (the README's GPU line): `specdec bench --quick` on a borrowed GPU
 # machine that has torch with CUDA, transformers and the rest, but neither this package's
 # pins nor the network.
 #
