@@ -83,7 +83,7 @@ def machine(report: dict) -> str:
 def headline(main: dict) -> list[str]:
     rows = [(DEFAULT, "**specdec's default** (prompt lookup + datastore, k chosen each step)"),
             (PLAIN, "specdec, plain decoding"),
-            (Q8, "llama.cpp, plain decoding of a Q8_0 file (what llama-server runs fastest here)"),
+            (Q8, "llama.cpp, plain decoding of the weights in Q8_0"),
             (BF16, "llama.cpp, plain decoding of the same bf16 weights")]
     lines = ["| method | ms / token | over specdec's plain [95% CI] | over llama.cpp Q8_0 [95% CI] |",
              "|---|---:|---:|---:|"]
@@ -118,49 +118,60 @@ def category_table(main: dict) -> list[str]:
     return lines
 
 
+def worst(method: dict) -> tuple[str, dict]:
+    """The category where a method made the least, and its metrics there."""
+    return min(method["categories"].items(), key=lambda kv: kv[1]["speedup"]["geomean"])
+
+
 def losses(main: dict, llamacpp: dict, batched: dict) -> list[str]:
-    ms_, costs = methods(main), main["costs"]
-    out = []
-    draft = ms_.get("spec-draft-kauto")
-    if draft:
-        c, o = costs["drafts"]["draft"]["c"], draft["overall"]
-        out.append(f"- **A draft model costs a pass of its own.** The shipped draft's step costs {c:.2f} of a target "
-                   f"pass and {100 * (o['acceptance_rate'] or 0):.0f}% of its drafts are kept, so alone it makes "
-                   f"{ratio(o['speedup'])} plain decoding, against {ratio(ms_[DEFAULT]['overall']['speedup'])} for "
-                   f"the free lookups. `auto` drafts with it only where it pays.")
-    cats = ms_[DEFAULT]["categories"]
-    worst, c = min(cats.items(), key=lambda kv: kv[1]["speedup"]["geomean"])
+    ms_, out = methods(main), []
+    if draft := ms_.get("spec-draft-kauto"):
+        o, (cat, c) = draft["overall"], worst(draft)
+        out.append(f"- **A draft model costs a pass of its own.** In the loop the shipped draft's step costs "
+                   f"{o['cost_ratio_c']:.2f} of a target pass and {100 * (o['acceptance_rate'] or 0):.0f}% of its "
+                   f"drafts are kept: alone it makes {ratio(o['speedup'])} plain decoding, and in {cat} "
+                   f"{c['speedup']['geomean']:.2f}x, where the free lookups make "
+                   f"{ms_[DEFAULT]['categories'][cat]['speedup']['geomean']:.2f}x.")
+    cat, c = worst(ms_[DEFAULT])
     out.append(f"- **Nothing to copy or recall.** Where the reply repeats neither the prompt nor the target's usual "
-               f"phrases the lookups find little: {worst} made {c['speedup']['geomean']:.2f}x, "
-               f"{c['tokens_per_step']:.2f} tokens a pass. The schedule then takes plain steps, so it loses little.")
-    lc = methods(llamacpp)
-    two = llamacpp["costs"]["verify_cost"]["1"]
+               f"phrases, the lookups find little: in {cat} the default made {c['speedup']['geomean']:.2f}x, "
+               f"{c['tokens_per_step']:.2f} tokens a pass. `auto` takes plain steps there, so it stays above 1.")
+    lc, two = methods(llamacpp), llamacpp["costs"]["verify_cost"]["1"]
+    cat, c = worst(lc[DEFAULT])
+    peer = lc.get("llama.cpp-prompt-lookup-k10")
     out.append(f"- **Blocks that cost more.** On the llama.cpp engine a 2-token pass costs {two:.2f} one-token passes "
-               f"(ours: {costs['verify_cost']['1']:.2f}), so the same default makes "
-               f"{ratio(lc[DEFAULT]['overall']['speedup'])} its plain decoding there.")
+               f"(ours: {main['costs']['verify_cost']['1']:.2f}), so the same default makes "
+               f"{ratio(lc[DEFAULT]['overall']['speedup'])} its plain decoding there, and {c['speedup']['geomean']:.2f}x "
+               f"in {cat}." + (f" llama.cpp's own prompt-lookup speculation (k = 10) makes "
+                               f"{ratio(peer['overall']['speedup'])}." if peer else ""))
     b = batched["batched"]
     best = b["crossover"]["best"]
-    gains = ", ".join(f"B={n}: {best[str(n)]['ratio']:.2f}x" for n in b["batch_sizes"])
-    out.append(f"- **Batches.** A batch fills the pass with other rows' tokens, so drafts are no longer free: "
-               f"the best speculative method's throughput over plain batched decoding was {gains}.")
+    gains = ", ".join(f"{best[str(n)]['ratio']:.2f}x at B = {n}" for n in b["batch_sizes"])
+    out.append(f"- **Batches.** A batch fills each pass with other rows' tokens, so drafts are no longer free: the "
+               f"best speculative method's throughput over plain batched decoding was {gains}.")
     return out
 
 
 def machines_table(main: dict) -> list[str]:
+    """This machine's headline figures, kept in benchmarks/machines.json beside the other machines'
+    (each row as the run on that machine wrote it, with its commit)."""
     rows = json.loads(MACHINES.read_text()) if MACHINES.exists() else []
     env = main["environment"]
-    here = {"machine": f"{env['cpu']} ({env['cpu_id']})", "commit": env["git_commit"], "date": env["date"][:10],
-            "prompts": "held-out, Spec-Bench categories",
+    here = {"machine": f"{env['cpu']} ({env['cpu_id']})", "commit": env["git_commit"],
             "default_over_plain": round(paired(main, DEFAULT, PLAIN)["geomean"], 2),
+            "default_over_llama_cpp_bf16": round(paired(main, DEFAULT, BF16)["geomean"], 2),
             "default_over_llama_cpp_q8": round(paired(main, DEFAULT, Q8)["geomean"], 2)}
     rows = [r for r in rows if r["machine"] != here["machine"]] + [here]
     MACHINES.write_text(json.dumps(rows, indent=1) + "\n")
-    lines = ["| machine | commit | date | prompts | default over plain | over llama.cpp Q8_0 |",
-             "|---|---|---|---|---:|---:|"]
+
+    def cell(value):
+        return "–" if value is None else f"{value:.2f}x"
+
+    lines = ["| machine | commit | default over plain | over llama.cpp bf16 | over llama.cpp Q8_0 |",
+             "|---|---|---:|---:|---:|"]
     for r in rows:
-        q8 = r.get("default_over_llama_cpp_q8")
-        lines.append(f"| {r['machine']} | {r['commit']} | {r['date']} | {r['prompts']} | "
-                     f"{r['default_over_plain']:.2f}x | {'–' if q8 is None else f'{q8:.2f}x'} |")
+        lines.append(f"| {r['machine']} | {r['commit']} | {cell(r['default_over_plain'])} | "
+                     f"{cell(r.get('default_over_llama_cpp_bf16'))} | {cell(r.get('default_over_llama_cpp_q8'))} |")
     return lines
 
 
@@ -194,13 +205,15 @@ def render(reports: dict, out: Path) -> None:
         f"Commands: `{command('llamacpp')}`; `{command('batched')}`.", "",
         "![Throughput against batch size](img/batch_scaling.png)", "",
         "## Other machines", "",
-        "The same script's headline figure on each machine it ran on (benchmarks/machines.json):", "",
+        "The default on the same 26 prompts on each machine, as the run there wrote it (benchmarks/machines.json; "
+        "rows before this script come from `specdec bench` runs of the same prompts, their commands in "
+        "`git show 3681d61:docs/benchmark.md`; the Zen 5 row's in an older, rotated trial order):", "",
         *machines_table(main), "",
     ]
     (ROOT / "docs" / "results.md").write_text("\n".join(doc))
     readme = ROOT / "README.md"
     table = "\n".join([f"{machine(main)}, commit {env['git_commit']}, `{command('main')}`:", "", *headline(main)])
-    text = re.sub(r"(<!-- results -->\n).*?(\n<!-- /results -->)", lambda m: m.group(1) + table + m.group(2),
+    text = re.sub(r"(<!-- results -->\n).*?(<!-- /results -->)", lambda m: m.group(1) + table + "\n" + m.group(2),
                   readme.read_text(), flags=re.S)
     readme.write_text(text)
 
