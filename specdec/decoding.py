@@ -110,11 +110,8 @@ def speculative_generate(model, draft, tokenizer, prompt, max_tokens: int, *, nu
         setup = drafter.setup_seconds - setup  # a draft reading a prompt: not a cost of drafting
         drafted = {b: proposals.get(b, []) for b in live}
         with step("verify"):  # verify: one pass scores every live row's [pending, d1..dk]
-            blocks = [[ids[b][-1]] + drafted[b] if b in ids else [] for b in range(run.size)]
-            logits = run.rows.forward(blocks)
+            logits = run.rows.forward([[ids[b][-1]] + drafted[b] if b in ids else [] for b in range(run.size)])
             verdicts = {b: verify(drafted[b], logits[b], params, noises[b], len(ids[b])) for b in live}
-            for b in live:  # a drafter may learn from the pass it has paid for anyway
-                drafter.learn(b, blocks[b], logits[b])
         new = {b: run.accept(b, drafted[b], *verdicts[b]) for b in live}  # accept
         outcomes = [(plan[b][0], len(drafted[b]), verdicts[b][0]) for b in live]
         costs = fixed.step(outcomes) if fixed else (step.elapsed.get("draft", 0.0) - setup, step.elapsed["verify"])

@@ -12,7 +12,6 @@ for B rows at once (a batch; B = 1 for one prompt), each with its own state:
     drafter.propose(ids, k, params, noise, source=None, row=0)  -> at most k tokens
     drafter.propose_rows({row: (ids, k, source)}, params, noises) -> {row: tokens}: several
                                             rows in one go (a model draft runs them in shared passes)
-    drafter.learn(row, tokens, logits)      a verify pass's input tokens of the row and its logits
     drafter.commit(ids, row=0)              the row's accepted sequence after verification
 """
 from __future__ import annotations
@@ -71,13 +70,8 @@ class Drafter:
         return {row: self.propose(ids, k, params, noises[row], source, row)
                 for row, (ids, k, source) in requests.items()}
 
-    def learn(self, row: int, tokens: list[int], logits: torch.Tensor) -> None:
-        """The verify pass's inputs for `row` and its logits [len(tokens), V]: logits[i] scores the
-        token after tokens[i]. Most drafters learn nothing from it."""
-
     def commit(self, ids: list[int], row: int = 0) -> None:
         pass
-
 
 class _Lookup(Drafter):
     """A model-free drafter that searches the context. The loop calls sources() then propose()
@@ -185,48 +179,6 @@ class DatastoreDrafter(_Lookup):
 
     def __repr__(self) -> str:
         return f"DatastoreDrafter({self.store.name}, {len(self.store):,} tokens)"
-
-
-class RecyclingDrafter(Drafter):
-    """Token Recycling (Luo et al. 2025): the target's own next-token choices, kept from its passes.
-
-    Every verify pass scores the token after each of its inputs, and the loop hands those scores
-    over (`learn`): the drafter keeps, for each token id, the id the target scored highest after
-    it the last time it was an input. It drafts by walking that table from the context's last
-    token. It learns only from passes the loop runs anyway, so it costs an argmax a pass and a
-    table lookup a draft. It learns the target's vocabulary from the target's own scores. The
-    table starts empty at each call (`begin`), so a call's drafts depend on that call alone,
-    and identical calls repeat."""
-
-    def __init__(self):
-        super().__init__()
-        self.next: np.ndarray | None = None  # next[t]: the target's last choice after t; -1: none yet
-
-    def begin(self, capacity: int, batch: int = 1) -> None:
-        super().begin(capacity, batch)
-        self.next = None
-
-    def learn(self, row, tokens, logits):
-        start = time.perf_counter()
-        if self.next is None:
-            self.next = np.full(logits.shape[-1], -1, dtype=np.int64)
-        self.next[tokens] = logits.argmax(-1).cpu().numpy()
-        self.seconds += time.perf_counter() - start
-
-    def sources(self, ids, row=0):
-        return ("recycle",) if self.next is not None and self.next[ids[-1]] >= 0 else ()
-
-    def propose(self, ids, k, params, noise, source=None, row=0):
-        out, t = [], ids[-1]
-        for _ in range(k):
-            t = int(self.next[t])
-            if t < 0:
-                break
-            out.append(t)
-        return out
-
-    def __repr__(self) -> str:
-        return "RecyclingDrafter()"
 
 
 class ModelDrafter(Drafter):
@@ -383,24 +335,22 @@ class CompositeDrafter(Drafter):
     drafter that keeps it (`with_parts`: a model draft behind a TextBridge, say).
     """
 
-    def __init__(self, model_draft=None, lookup: NgramDrafter | None = None, tokenizer=None, datastore=None,
-                 recycle: bool = False):
+    def __init__(self, model_draft=None, lookup: NgramDrafter | None = None, tokenizer=None, datastore=None):
         super().__init__()
-        if model_draft is None and datastore is None and not recycle:
-            raise ValueError("a composite drafter needs a model draft, a datastore or recycling beside its lookup")
+        if model_draft is None and datastore is None:
+            raise ValueError("a composite drafter needs a model draft or a datastore beside its lookup")
         store = (None if datastore is None else
                  datastore if isinstance(datastore, DatastoreDrafter) else DatastoreDrafter(datastore))
         model = (None if model_draft is None else model_draft if isinstance(model_draft, Drafter) else
                  ModelDrafter(model_draft, tokenizer))
-        recycler = RecyclingDrafter() if recycle else None
         self.tokenizer = tokenizer
-        self._join(lookup or NgramDrafter(), store, recycler, model)
+        self._join(lookup or NgramDrafter(), store, model)
 
-    def _join(self, lookup: Drafter, store: Drafter | None, recycler: Drafter | None, model: Drafter | None) -> None:
-        self.lookup, self.store, self.recycler, self.model = lookup, store, recycler, model
-        self.parts = [d for d in (lookup, store, recycler, model) if d is not None]  # preferred first
+    def _join(self, lookup: Drafter, store: Drafter | None, model: Drafter | None) -> None:
+        self.lookup, self.store, self.model = lookup, store, model
+        self.parts = [d for d in (lookup, store, model) if d is not None]  # preferred first
         if model is None:
-            self.vocab_size, self.max_context, self.batches = store and store.vocab_size, None, True
+            self.vocab_size, self.max_context, self.batches = store.vocab_size, None, True
         else:
             self.vocab_size, self.tokenizer = model.vocab_size, model.tokenizer
             self.max_context, self.batches = model.max_context, model.batches
@@ -412,7 +362,7 @@ class CompositeDrafter(Drafter):
         """A composite of `parts` in place of its own, in the same order (this one stays as it is)."""
         twin = copy.copy(self)
         twin._join(*(parts[self.parts.index(d)] if d is not None else None
-                     for d in (self.lookup, self.store, self.recycler, self.model)))
+                     for d in (self.lookup, self.store, self.model)))
         return twin
 
     def begin(self, capacity: int, batch: int = 1) -> None:
@@ -438,8 +388,6 @@ class CompositeDrafter(Drafter):
     def _owner(self, source: str) -> Drafter:
         if source == "model":
             return self.model
-        if source == "recycle":
-            return self.recycler
         return self.store if source.startswith("store") else self.lookup
 
     def propose_rows(self, requests, params, noises):
@@ -456,10 +404,6 @@ class CompositeDrafter(Drafter):
         self.seconds = sum(part.seconds for part in self.parts)
         self.setup_seconds = self.model.setup_seconds if self.model else 0.0
         return out
-
-    def learn(self, row, tokens, logits):
-        for part in self.parts:
-            part.learn(row, tokens, logits)
 
     def commit(self, ids, row=0):
         if self.model:

@@ -180,29 +180,11 @@ def make_drafter(models, drafter: str):
         # Measured over seeds 0..199: 72 looked-up proposals, 40 from the store, 177 from the model.
         return specdec.CompositeDrafter(models["draft"], specdec.NgramDrafter(max_ngram=3, min_ngram=3),
                                         datastore=specdec.Datastore([[0, 1, 0, 1, 1, 0, 1]], V))
-    if drafter == "recycle":
-        # Token Recycling: the target's own last choice after each token, learned from verify
-        # passes. Kept across calls here (one drafter for all seeds), so that 4-token outputs are
-        # drafted from their start: proposals that depend on the target's earlier scores, still
-        # one-hot, and each call's output is still an exact draw whatever the table holds.
-        return WARM_RECYCLER
-    if drafter == "store-recycle":
-        # Lookup of 3-grams, else the datastore, else recycling: three one-hot sources.
-        return specdec.CompositeDrafter(lookup=specdec.NgramDrafter(max_ngram=3, min_ngram=3),
-                                        datastore=specdec.Datastore([[0, 1, 0, 1, 1, 0, 1]], V), recycle=True)
     if drafter == "headcut":
         # Its head scores tokens 1..V-1 only: q(0) = 0, so every 0 the target writes is its
         # own token after a rejection, never an accepted draft.
         return specdec.ModelDrafter(models["draft"], head_tokens=list(range(1, V)))
     return specdec.NgramDrafter()
-
-
-class WarmRecycler(specdec.RecyclingDrafter):
-    def begin(self, capacity, batch=1):
-        specdec.Drafter.begin(self, capacity, batch)  # the table stays
-
-
-WARM_RECYCLER = WarmRecycler()
 
 
 def speculative(models, drafter: str, setting: str):
@@ -220,7 +202,7 @@ def speculative(models, drafter: str, setting: str):
 
 CASES = [("model", "t1.0"), ("model", "t0.7-topk3"), ("model", "t1.3-topp0.8"), ("ngram", "t1.0"),
          ("composite", "t1.0"), ("model-auto", "t1.0"), ("headcut", "t1.0"),
-         ("store", "t1.0"), ("store-auto", "t0.7-topk3"), ("recycle", "t1.0"), ("store-recycle-auto", "t1.0")]
+         ("store", "t1.0"), ("store-auto", "t0.7-topk3")]
 
 
 def test_reference_is_a_proper_sharp_enough_distribution(exact):
@@ -264,7 +246,7 @@ def reused_noise(draft, logits, params, noise, position):
     return len(draft), sampling.choose(logits[len(draft)], params, noise, position)
 
 
-@pytest.mark.parametrize("drafter", ["model", "ngram", "store", "recycle"])
+@pytest.mark.parametrize("drafter", ["model", "ngram", "store", "head"])
 def test_detects_noise_reused_within_a_block(models, exact, drafter, monkeypatch):
     # The same test on a deliberately broken rule (monkeypatched where the loop looks it up):
     # the noise is not moved on along the block, so a block's tokens are drawn together.

@@ -7,8 +7,8 @@ from collections import Counter
 import pytest
 import torch
 
-from specdec import (CompositeDrafter, Datastore, HFAdapter, ModelDrafter, NgramDrafter, RecyclingDrafter, generate,
-                     load_model, speculative_generate)
+from specdec import (CompositeDrafter, Datastore, HFAdapter, ModelDrafter, NgramDrafter, generate, load_model,
+                     speculative_generate)
 from specdec.schedule import AdaptiveK
 from tiny import CONFIGS, save_tiny, tiny_gpt2, tiny_hf_model
 
@@ -20,7 +20,7 @@ PROMPTS = {
     "random": [3, 41, 17, 59, 8, 22, 36, 1, 50],
     "repeated": [5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6, 7, 8, 5, 6, 7],
 }
-DRAFTS = ["target", "poor", "noisy", "ngram", "raw-hf", "composite", "head", "store", "all-three", "recycle", "all-four"]
+DRAFTS = ["target", "poor", "noisy", "ngram", "raw-hf", "composite", "head", "store", "all-three"]
 KS = [1, 2, 4, 8, "auto"]
 
 
@@ -96,10 +96,6 @@ def make_draft(kind, models):
         return CompositeDrafter(datastore=models["store"])
     if kind == "all-three":  # lookup, else the datastore, else the noisy model
         return CompositeDrafter(models["noisy"], datastore=models["store"])
-    if kind == "recycle":  # the target's own earlier choices, learned from this call's verify passes
-        return RecyclingDrafter()
-    if kind == "all-four":  # lookup, else the datastore, else recycling, else the noisy model
-        return CompositeDrafter(models["noisy"], datastore=models["store"], recycle=True)
     return models["raw_hf_draft"]
 
 
@@ -132,8 +128,7 @@ def test_speculative_equals_greedy(prompt_name, draft_kind, k, models, reference
     assert res.prompt_ids == PROMPTS[prompt_name]
     assert res.text is None
     check_stats(res, drafter_has_model={"ngram": False, "composite": None, "head": None,
-                                        "store": False, "all-three": None, "recycle": False,
-                                        "all-four": None}.get(draft_kind, True))
+                                        "store": False, "all-three": None}.get(draft_kind, True))
     assert len(res.stats.proposed_at) <= (AdaptiveK().k_max if k == "auto" else k)
     if k == "auto":
         return  # the schedule picks k per step (0 included): only the output is pinned down
