@@ -246,7 +246,7 @@ def reused_noise(draft, logits, params, noise, position):
     return len(draft), sampling.choose(logits[len(draft)], params, noise, position)
 
 
-@pytest.mark.parametrize("drafter", ["model", "ngram", "store", "head"])
+@pytest.mark.parametrize("drafter", ["model", "ngram", "store", "headcut"])
 def test_detects_noise_reused_within_a_block(models, exact, drafter, monkeypatch):
     # The same test on a deliberately broken rule (monkeypatched where the loop looks it up):
     # the noise is not moved on along the block, so a block's tokens are drawn together.
