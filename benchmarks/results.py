@@ -1,11 +1,12 @@
-"""Regenerates docs/results.md, its figures (docs/img/) and the README's table from three
-`specdec bench` runs on this machine (about 25 minutes on 2 cores):
+"""Regenerates docs/results.md, its figures (docs/img/) and the README's table from four
+`specdec bench` runs on this machine (about 30 minutes on 2 cores):
 
   main       the 26 held-out prompts (Spec-Bench's categories, none in the bundled suite or any
              training mix), 96 new tokens, greedy, 3 interleaved trials: plain decoding, every
              drafter, and llama.cpp's own plain decoding of the same weights in bf16 and in Q8_0
   llama.cpp  the same prompts on the llama.cpp engine, where a block costs more than on ours
   batched    batches of 1, 4 and 16 prompts, where each row's gain costs the others compute
+  loops      editing loops: each request revises the target's own last answer
 
 Usage: python benchmarks/results.py [--out bench-runs/results] [--reuse]
 (--reuse renders from the reports already in --out.)
@@ -30,6 +31,8 @@ RUNS = {
     "main": ["--max-tokens", "96", "--trials", "3", "--no-peers", *COMMON],
     "llamacpp": ["--engine", "llama.cpp", "--no-draft", "--max-tokens", "96", "--trials", "3", "--no-peers", *COMMON],
     "batched": ["--batch-sizes", "1,4,16", "--no-draft", "--max-tokens", "64", "--trials", "2", *COMMON],
+    "loops": ["--prompts", "specdec/bench/prompts/editing-loops-v1.jsonl", "--threads", "2", "--no-draft", "--max-tokens",
+              "96", "--trials", "3", "--no-peers", "--no-llama-cpp"],
 }
 DEFAULT, PLAIN, Q8, BF16 = "spec-store-kauto", "normal", "llama.cpp-greedy-q8_0", "llama.cpp-greedy"
 DRAFTERS = {"spec-ngram-kauto": "prompt lookup", "spec-store-kauto": "prompt lookup + datastore (the default)",
@@ -123,6 +126,16 @@ def worst(method: dict) -> tuple[str, dict]:
     return min(method["categories"].items(), key=lambda kv: kv[1]["speedup"]["geomean"])
 
 
+def loops_table(loops: dict) -> list[str]:
+    ms_ = methods(loops)
+    lines = ["| drafter | over plain [95% CI] | acceptance | tokens / pass |", "|---|---:|---:|---:|"]
+    for name in ("spec-ngram-kauto", "spec-store-kauto"):
+        o = ms_[name]["overall"]
+        lines.append(f"| {DRAFTERS[name]} | {ratio(o['speedup'])} | {o['acceptance_rate'] or 0:.2f} | "
+                     f"{o['tokens_per_step']:.2f} |")
+    return lines
+
+
 def losses(main: dict, llamacpp: dict, batched: dict) -> list[str]:
     ms_, out = methods(main), []
     if draft := ms_.get("spec-draft-kauto"):
@@ -175,6 +188,14 @@ def machines_table(main: dict) -> list[str]:
     return lines
 
 
+def commits(reports: dict) -> str:
+    """The commit the runs were made at, or each run's where they differ."""
+    by_run = {name: r["environment"]["git_commit"] for name, r in reports.items()}
+    if len(set(by_run.values())) == 1:
+        return f"commit {by_run['main']}"
+    return "commits " + ", ".join(f"{c} ({name})" for name, c in by_run.items())
+
+
 def render(reports: dict, out: Path) -> None:
     main, llamacpp, batched = reports["main"], reports["llamacpp"], reports["batched"]
     env = main["environment"]
@@ -185,7 +206,7 @@ def render(reports: dict, out: Path) -> None:
     vc = main["costs"]["verify_cost"]
     doc = [
         "# Results", "",
-        f"Today's numbers, all from one machine: {machine(main)}; commit {env['git_commit']}, {env['date']}. "
+        f"Today's numbers, all from one machine: {machine(main)}; {commits(reports)}, {env['date']}. "
         "`python benchmarks/results.py` regenerates this page, its figures and the README's table. Every "
         "ratio is paired: each method runs each prompt in the same process, trials interleaved in balanced "
         "orders, a trial that met interference from other processes run again; a prompt's time is its median "
@@ -193,6 +214,10 @@ def render(reports: dict, out: Path) -> None:
         "## Against plain decoding and llama.cpp", "",
         f"`{command('main')}` (26 prompts):", "", *headline(main), "",
         "## Every drafter", "", *drafter_table(main), "",
+        "## Editing loops", "",
+        "When each request revises the target's own last answer, the answer repeats what the prompt "
+        f"holds, and prompt lookup copies it. `{command('loops')}` (8 conversations, the third turn "
+        "timed):", "", *loops_table(reports["loops"]), "",
         "## By category", "",
         "![The default's speedup by category](img/speedup_by_category.png)", "", *category_table(main), "",
         "## Why it pays here", "",

@@ -252,6 +252,8 @@ def test_training_prompts_are_disjoint_from_the_bench_and_deterministic():
     # none is a training prompt even when nothing excludes them.
     heldout = {t for p in load_suite(SUITE_DIR / "heldout-specbench-v1.jsonl") for t in p.turns}
     assert len(heldout) == 26 + 16 and not heldout & {t for c in convs for t in c}
+    loops = {t for p in load_suite(SUITE_DIR / "editing-loops-v1.jsonl") for t in p.turns}
+    assert len(loops) == 8 * 3 and not loops & {t for c in convs for t in c}
     assert convs == training_conversations(300, seed=0, exclude=bench)
     assert len({c[0] for c in convs}) == 300
     # The target's own passages join the text to summarize and question.
