@@ -29,7 +29,7 @@ from ..datastore import load_datastore
 from ..decoding import auto_k_max
 from ..drafters import CompositeDrafter, ModelDrafter, NgramDrafter
 from ..models import kernel
-from ..models.loading import hf_checkpoint, load_model, resolve_dtype
+from ..models.loading import ENGINES, gguf_for, hf_checkpoint, load_model, resolve_dtype
 from ..models.registry import DEFAULT_MODEL, LLAMA_CPP_ONLY, default_engine
 from ..schedule import AdaptiveK
 from . import methods as M
@@ -78,8 +78,6 @@ class BenchConfig:
         return cls(**base)
 
     def validate(self) -> None:
-        from ..models.loading import ENGINES
-
         if self.engine not in ENGINES:
             raise ValueError(f"engine must be one of {ENGINES}, got {self.engine!r}")
         if self.max_tokens < 1:
@@ -235,8 +233,6 @@ def build_methods(cfg: BenchConfig, target, draft_model, hf, hf_draft, llama_ggu
         peer = dict(eos_ids=target.eos_token_ids, n_ctx=n_ctx, threads=torch.get_num_threads())
         methods.append(M.LlamaCpp(LLAMA_CPP_BASELINE, llama_gguf, **peer))
         if cfg.engine == "native":  # what a CPU user runs instead: llama.cpp's fastest plain decoding here
-            from ..models.loading import gguf_for
-
             methods.append(M.LlamaCpp(LLAMA_CPP_Q8, gguf_for(cfg.model, file_type="q8_0"), **peer))
         if cfg.engine == "llama.cpp":
             methods.append(M.LlamaCpp(f"llama.cpp-prompt-lookup-k{HF_PROMPT_LOOKUP_K}", llama_gguf,
@@ -252,8 +248,6 @@ def llama_cpp_peer_file(cfg: BenchConfig, target, dtype):
         return None
     if cfg.engine == "llama.cpp":
         return target.path
-    from ..models.loading import gguf_for
-
     return gguf_for(cfg.model, dtype)
 
 
