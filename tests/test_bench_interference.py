@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from specdec.bench.interference import STALL, MachineLoad, rerun_stalls, stalled
-from specdec.bench.runner import BenchConfig, run_benchmark
+from specdec.bench.interference import RERUN_ROUNDS, STALL, MachineLoad, rerun_stalls, stalled
+from specdec.bench.runner import BenchConfig, _per_prompt, run_benchmark
 from tiny import needs_model
 
 MODEL = "smollm2-135m-instruct"
@@ -39,6 +39,21 @@ def test_stalled_trials_are_run_again_and_keep_their_stalled_time():
     rerun_stalls(records, lambda r: r | {"seconds": next(times)}, log=lambda msg: None)
     assert records[2]["seconds"] == 1.05 and records[2]["stalled_seconds"] == [5.0, 6.0]
     assert "stalled_seconds" not in records[0]
+
+
+def test_a_trial_that_meets_interference_on_every_run_is_reported_and_left_out(monkeypatch):
+    monkeypatch.setattr("specdec.bench.interference.QUIET_WAIT", 0.0)  # no quiet moment comes
+    records = [rec("a", "p", 0, 1.0), rec("a", "p", 1, 1.1), rec("a", "p", 2, 5.0)]
+    unclean = rerun_stalls(records, lambda r: r | {"seconds": 4.0}, log=lambda msg: None)
+    assert unclean == [2] and len(records[2]["stalled_seconds"]) == RERUN_ROUNDS
+    machine = MachineLoad().start().stop({"a": (1, 3, 1)})
+    assert machine["busy"] and any("every run" in reason for reason in machine["reasons"])
+    # The prompt's median then comes from its clean trials.
+    for r in records:
+        r |= {"tokens": [1, 2], "prefill_seconds": None, "stats": None}
+    records[2]["unclean"] = True
+    prompt = type("Prompt", (), {"id": "p"})
+    assert _per_prompt(records, "a", [prompt])["p"]["seconds"] == 1.05
 
 
 BURN = "import time\nend = time.time() + {seconds}\nwhile time.time() < end:\n    t = time.time() + {on}\n" \
@@ -94,8 +109,13 @@ def test_a_competing_process_is_flagged_and_does_not_swing_the_ratio(tmp_path):
         return {m["name"]: m["overall"]["speedup"]["geomean"] for m in report["methods"]}["spec-ngram-kauto"]
 
     clean = run_benchmark(BenchConfig(**cfg), progress=False, log=lambda msg: None)
-    # Two processes that take both cores in bursts: trials that meet a burst stall.
-    procs = competitors(2, on=0.4, off=1.2, seconds=240)
+    if clean["machine"]["busy"]:  # the reference must come from a quiet machine
+        clean = run_benchmark(BenchConfig(**cfg), progress=False, log=lambda msg: None)
+    # Two processes that take both cores in bursts: trials that meet a burst stall. Between bursts
+    # the machine is quiet for twice the longest trial (at least 1.2 s), so a re-run can be clean;
+    # a machine never quiet that long is flagged instead (the test above).
+    longest = max(r["seconds"] for r in clean["records"])
+    procs = competitors(2, on=0.5, off=max(1.2, 2 * longest), seconds=300)
     try:
         busy = run_benchmark(BenchConfig(**cfg), progress=False, log=lambda msg: None)
     finally:
@@ -103,5 +123,5 @@ def test_a_competing_process_is_flagged_and_does_not_swing_the_ratio(tmp_path):
             p.kill()
             p.wait()
     assert busy["machine"]["busy"], busy["machine"]
-    assert busy["machine"]["others_cores"] > clean["machine"]["others_cores"] + 0.2
+    assert busy["machine"]["others_cores"] > clean["machine"]["others_cores"] + 0.1  # less: re-runs wait for quiet
     assert abs(ratio(busy) / ratio(clean) - 1) < 0.10, (ratio(clean), ratio(busy), busy["machine"])

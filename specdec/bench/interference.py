@@ -8,12 +8,15 @@ and so a category's ratio. Two defences, both reported:
   less this process's own). A trial during which others took more than TRIAL_CORES cores on
   average, or slower than STALL times the fastest other trial of its method and prompt,
   is run again (up to RERUN_ROUNDS times) and counted, per method. A competitor that takes a
-  core for part of a trial slows it by less than STALL; what others took still shows it. Three
+  core for part of a trial slows it by less than STALL; what others took still shows it. Each
+  re-run first waits for a quiet moment: a competitor that comes in bursts would otherwise meet
+  the re-run too, and it slows plain decoding (many small passes) more than speculation. Three
   trials is the least that gives a median a stall cannot move; with two, a slow trial is found
   only against its pair.
 - Over the whole run: a machine is flagged busy when others took more than BUSY_CORES cores on
-  average, steal passed BUSY_STEAL of the time, or more than BUSY_RERUNS of a method's trials
-  had to be run again.
+  average, steal passed BUSY_STEAL of the time, more than BUSY_RERUNS of a method's trials
+  had to be run again, or a trial still met interference after its last re-run (the machine was
+  never quiet for as long as a trial takes).
 """
 from __future__ import annotations
 
@@ -22,7 +25,8 @@ import time
 
 STALL = 1.3  # a trial this many times the fastest of its other trials is re-run
 TRIAL_CORES = 0.2  # ... and one during which other processes took this many cores
-RERUN_ROUNDS = 3
+RERUN_ROUNDS = 4
+QUIET_WINDOW, QUIET_WAIT = 0.1, 10.0  # a re-run waits (at most QUIET_WAIT s) for one quiet window
 BUSY_CORES, BUSY_STEAL, BUSY_RERUNS = 0.25, 0.05, 0.05
 
 
@@ -43,17 +47,31 @@ def stalled(records: list[dict]) -> list[int]:
     return sorted(out)
 
 
-def rerun_stalls(records: list[dict], run, log=print) -> None:
-    """Run the trials that met interference again (run(record) -> a fresh record), keeping each
-    earlier time in the record's "stalled_seconds"."""
+def rerun_stalls(records: list[dict], run, log=print) -> list[int]:
+    """Run the trials that met interference again (run(record) -> a fresh record), each after a
+    quiet moment, keeping each earlier time in the record's "stalled_seconds". Returns the
+    trials that still met interference on their last run."""
     for _ in range(RERUN_ROUNDS):
         slow = stalled(records)
         if not slow:
-            return
+            return []
         log(f"re-running {len(slow)} trial(s) that met interference")
         for i in slow:
             old = records[i]
+            wait_quiet()
             records[i] = run(old) | {"stalled_seconds": old.get("stalled_seconds", []) + [old["seconds"]]}
+    return stalled(records)
+
+
+def wait_quiet(window: float = QUIET_WINDOW, limit: float = QUIET_WAIT) -> bool:
+    """Wait until other processes took under TRIAL_CORES cores for one window; False after limit s."""
+    end = time.monotonic() + limit
+    while time.monotonic() < end:
+        before = snapshot()
+        time.sleep(window)
+        if others(before, snapshot()).get("others_cores", 0.0) < TRIAL_CORES:
+            return True
+    return False
 
 
 def snapshot() -> tuple:
@@ -86,19 +104,22 @@ class MachineLoad:
         self.first = snapshot()
         return self
 
-    def stop(self, reruns: dict[str, tuple[int, int]]) -> dict:
-        """reruns: method -> (trials re-run, trials). The report's "machine" entry."""
+    def stop(self, reruns: dict[str, tuple[int, int, int]]) -> dict:
+        """reruns: method -> (trials re-run, trials, trials that met interference on their last
+        run too). The report's "machine" entry."""
         last = snapshot()
         out = {"wall_seconds": last[0] - self.first[0], "own_cpu_seconds": last[1] - self.first[1],
                "loadavg": list(os.getloadavg()), **others(self.first, last),
-               "reruns": {m: {"rerun": n, "trials": t} for m, (n, t) in reruns.items()}}
+               "reruns": {m: {"rerun": n, "trials": t, "unclean": u} for m, (n, t, u) in reruns.items()}}
         reasons = []
         if out.get("others_cores", 0.0) > BUSY_CORES:
             reasons.append(f"other processes took {out['others_cores']:.2f} cores on average")
         if out.get("steal_share", 0.0) > BUSY_STEAL:
             reasons.append(f"the hypervisor stole {100 * out['steal_share']:.0f}% of the CPU time")
-        for m, (n, t) in reruns.items():
+        for m, (n, t, u) in reruns.items():
             if t and n / t > BUSY_RERUNS:
                 reasons.append(f"{n} of {t} trials of {m} met interference and were run again")
+            if u:
+                reasons.append(f"{u} trial(s) of {m} met interference on every run")
         out["busy"], out["reasons"] = bool(reasons), reasons
         return out

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .interference import STALL, TRIAL_CORES
 from .stats import predicted_speedup
 
 DASH = "–"
@@ -112,13 +113,15 @@ def _md_machine(report: dict) -> list[str]:
     m = report.get("machine")
     if not m:
         return []
-    rerun = ", ".join(f"{name} {r['rerun']} of {r['trials']}" for name, r in m["reruns"].items() if r["rerun"])
+    rerun = ", ".join(f"{name} {r['rerun']} of {r['trials']}" + (f" ({r['unclean']} never clean, left out of the "
+                      "medians)" if r.get("unclean") else "") for name, r in m["reruns"].items() if r["rerun"])
     state = ("**BUSY**: " + "; ".join(m["reasons"]) + ". Ratios measured on a busy machine can be off; run again "
              "on a quiet one." if m["busy"] else "quiet")
     return [f"**Machine during the trials:** {state} (other processes {_fmt(m.get('others_cores'))} cores, steal "
             f"{_fmt(100 * m['steal_share'] if _num(m.get('steal_share')) is not None else None, '.1f', '%')}, "
-            f"load average {_fmt(m['loadavg'][0])}). Trials run again after they met interference (others took "
-            f"over half a core while they ran, or they took over 1.5x their pair's median): {rerun or 'none'}.", ""]
+            f"load average {_fmt(m['loadavg'][0])}). Trials run again, each after a quiet moment, because they met "
+            f"interference (others took over {TRIAL_CORES} cores while they ran, or they took over {STALL}x the "
+            f"fastest other trial of their method and prompt): {rerun or 'none'}.", ""]
 
 
 def _md_header(report: dict) -> list[str]:

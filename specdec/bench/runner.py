@@ -400,9 +400,12 @@ def _run(cfg: BenchConfig, progress: bool, log) -> dict:
                 bar.update()
     bar.close()
     by_name, by_id = {m.name: m for m in methods}, {p.id: p for p in prompts}
-    rerun_stalls(records, lambda r: trial(by_name[r["method"]], by_id[r["prompt"]], r["trial"]), log)
+    unclean = rerun_stalls(records, lambda r: trial(by_name[r["method"]], by_id[r["prompt"]], r["trial"]), log)
+    for i in unclean:
+        records[i]["unclean"] = True
     machine = load.stop({m.name: (sum("stalled_seconds" in r for r in records if r["method"] == m.name),
-                                  sum(r["method"] == m.name for r in records)) for m in methods})
+                                  sum(r["method"] == m.name for r in records),
+                                  sum(records[i]["method"] == m.name for i in unclean)) for m in methods})
     if machine["busy"]:
         log("the machine was busy: " + "; ".join(machine["reasons"]))
     report = aggregate(cfg, prompts, methods, records, costs, cold, target)
@@ -437,12 +440,14 @@ def draft_cost(methods: list[dict], costs: dict) -> dict | None:
 
 def _per_prompt(records, method, prompts):
     """prompt id -> (median seconds, median seconds per token, median decode seconds per token
-    after the first, tokens of trial 0, median prefill, stats of trial 0)."""
+    after the first, tokens of trial 0, median prefill, stats of trial 0). A trial that met
+    interference on every run is left out of the medians while a clean one is there."""
     out = {}
     for p in prompts:
-        rows = [r for r in records if r["method"] == method and r["prompt"] == p.id]
+        every = [r for r in records if r["method"] == method and r["prompt"] == p.id]
+        first = min(every, key=lambda r: r["trial"])
+        rows = [r for r in every if not r.get("unclean")] or every
         prefills = [r["prefill_seconds"] for r in rows if r["prefill_seconds"] is not None]
-        first = min(rows, key=lambda r: r["trial"])
         # Per trial: off the bf16 kernel a run that drafts differently may round a near tie
         # the other way (docs/design.md, "Guarantees") and write an output of another length.
         per_token = statistics.median(r["seconds"] / max(len(r["tokens"]), 1) for r in rows)
