@@ -117,8 +117,12 @@ class TextBridge(Drafter):
         self._memo[row] = (ids, len(ids), out)
         return out
 
-    def prefill(self, prompts):
-        self.inner.prefill([self._context(ids, b)[0] for b, ids in enumerate(prompts)])
+    def prefill(self, prompts, rows=None):
+        rows = list(range(len(prompts))) if rows is None else rows
+        for row in rows:
+            for per_row in (self._memo, self._proposed, self.steps, self.boundary_misses):
+                per_row.pop(row, None)
+        self.inner.prefill([self._context(ids, b)[0] for b, ids in zip(rows, prompts)], rows)
 
     def sources(self, ids, row=0):
         # Without encoding the text (a step that `auto` makes a plain one should not pay for

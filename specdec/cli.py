@@ -1,4 +1,4 @@
-"""Command line: `specdec generate`, `specdec demo`, `specdec bench`, `specdec distill`.
+"""Command line: `specdec generate`, `specdec serve`, `specdec demo`, `specdec bench`, `specdec distill`.
 
 User mistakes end with a one-line message and exit status 2, never a traceback.
 """
@@ -25,6 +25,13 @@ def _positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
     return value
+
+
+def _port(text: str) -> int:
+    port = _int(text)
+    if not 0 < port < 65536:
+        raise argparse.ArgumentTypeError(f"a port is 1-65535, got {port}")
+    return port
 
 
 def _int(text: str) -> int:
@@ -173,6 +180,27 @@ def cmd_generate(args) -> int:
         summary += f", acceptance {s.acceptance_rate:.2f}, {s.tokens_per_target_call:.2f} tokens/target call"
     print(file=sys.stdout)
     print(summary + "]", file=sys.stderr)
+    return 0
+
+
+def cmd_serve(args) -> int:
+    from .batcher import Batcher
+    from .models.loading import load_model
+    from .server import serve
+
+    if args.engine != "native":
+        raise CLIError(f"serve runs on the native engine (continuous batching), not {args.engine}")
+    draft = resolve_draft(args)
+    check_draft_exists(draft)
+    store = load_datastore_arg(args)
+    target = load_model(args.model, dtype=args.dtype, device=args.device, engine=args.engine)
+    if target.tokenizer is None:
+        raise CLIError(f"{args.model} ships no tokenizer; serve needs one")
+    drafter = make_drafter(draft, target, args.dtype, args.engine, store)
+    batcher = Batcher(target, drafter, max_batch=args.max_batch, context=args.context, queue_size=args.queue_size,
+                      num_draft_tokens=args.num_draft_tokens)
+    serve(batcher, str(args.model), args.host, args.port, args.shutdown_timeout,
+          log=lambda text: print(text, file=sys.stderr, flush=True))
     return 0
 
 
@@ -365,6 +393,23 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--seed", type=_int, default=None)
     g.add_argument("--no-chat", action="store_true", help="feed the prompt as raw text, without the chat template")
     g.set_defaults(func=cmd_generate)
+
+    v = sub.add_parser("serve", help="an OpenAI-compatible server with continuous batching (/v1/chat/completions, "
+                       "/v1/completions, /v1/models, /health, /metrics)")
+    add_model_args(v)
+    v.add_argument("--draft", default=None, help="as for generate")
+    v.add_argument("--datastore", default=None, help="as for generate")
+    v.add_argument("--num-draft-tokens", type=_k, default="auto", help="as for generate")
+    v.add_argument("--host", default="127.0.0.1", help="the address to bind (default 127.0.0.1: this machine only)")
+    v.add_argument("--port", type=_port, default=8000)
+    v.add_argument("--max-batch", type=_positive_int, default=16, help="requests decoded together (default 16)")
+    v.add_argument("--context", type=_positive_int, default=4096, help="positions a request may use, prompt and "
+                   "output (default 4096, at most the model's); the cache holds max-batch of them")
+    v.add_argument("--queue-size", type=_positive_int, default=64, help="requests that may wait for a row; "
+                   "past it a request gets 429 (default 64)")
+    v.add_argument("--shutdown-timeout", type=_float, default=30.0, help="seconds a shutdown waits for the "
+                   "requests in flight before cancelling them (default 30)")
+    v.set_defaults(func=cmd_serve)
 
     d = sub.add_parser("demo", help="normal vs speculative decoding on the embedded default model")
     add_model_args(d)

@@ -41,7 +41,7 @@ def generate(model, tokenizer, prompt, max_tokens: int, *, temperature=0.0, top_
         with run.timer(live)("verify"):
             logits = run.rows.forward([[tokens[b]] if b in live else [] for b in range(run.size)])
             for b in live:
-                position = len(run.prompt_ids[b]) + len(run.outs[b])
+                position = len(run.sequence(b))
                 tokens[b] = choose(logits[b][-1], run.params, run.noises[b], position)
     return run.results()
 

@@ -6,7 +6,8 @@ the row's noise at that token's position (sampling.Noise), as the target will. I
 for B rows at once (a batch; B = 1 for one prompt), each with its own state:
 
     drafter.begin(capacity, batch=1)        before a generation
-    drafter.prefill(prompts)                the rows' prompts (a draft model reads one when first asked to propose)
+    drafter.prefill(prompts, rows=None)     rows start over with these prompts (default rows 0..B-1; a draft
+                                            model reads one when first asked to propose; a server reuses rows)
     drafter.sources(ids, row=0)             the proposers that could answer here, preferred first
                                             (none: the step is a plain decoding step)
     drafter.propose(ids, k, params, noise, source=None, row=0)  -> at most k tokens
@@ -45,7 +46,7 @@ class Drafter:
     def begin(self, capacity: int, batch: int = 1) -> None:
         self.calls, self.seconds, self.setup_seconds = 0, 0.0, 0.0
 
-    def prefill(self, prompts: list[list[int]]) -> None:
+    def prefill(self, prompts: list[list[int]], rows: list[int] | None = None) -> None:
         pass
 
     def check_prompts(self, prompts: list[list[int]]) -> None:
@@ -243,13 +244,18 @@ class ModelDrafter(Drafter):
         logits = self._rows.forward([blocks.get(b, []) for b in range(len(self._seen))], last_only=last_only)
         return {row: logits[row][-1] for row in blocks}
 
-    def prefill(self, prompts):
+    def prefill(self, prompts, rows=None):
         # Lazily: a row's prompt is read when the row is first asked to propose, so that a
         # composite whose lookup carries a whole answer never runs its model at all. That
         # read is timed apart (setup_seconds), so that no cost estimate of
         # `num_draft_tokens="auto"` carries it. A prompt past its context is never read:
         # sources() is empty for that row from the start.
-        self._unread = set(range(len(prompts)))
+        rows = list(range(len(prompts))) if rows is None else rows
+        lengths = self._rows.lengths
+        for row in rows:
+            lengths[row], self._seen[row], self._base[row] = 0, [], 0
+        self._rows.rollback(lengths)
+        self._unread |= set(rows)
 
     def _read_prompts(self, requests, rows):
         """Run each fresh row's accepted sequence but its last token (that one the proposal runs)."""
@@ -370,9 +376,9 @@ class CompositeDrafter(Drafter):
         for part in self.parts:
             part.begin(capacity, batch)
 
-    def prefill(self, prompts):
+    def prefill(self, prompts, rows=None):
         if self.model:
-            self.model.prefill(prompts)
+            self.model.prefill(prompts, rows)
 
     def check_prompts(self, prompts):
         if self.model:

@@ -200,14 +200,56 @@ def _decode(tokenizer, ids) -> str | None:
     return None if tokenizer is None else tokenizer.decode(ids, skip_special_tokens=True)
 
 
-def _check_request(model, tokenizer, prompt, max_tokens, temperature, top_k, top_p, seed, chat):
-    """Every check shared by both loops, before any compute; the sampling params and prompt ids."""
+def check_request(model, tokenizer, prompt, max_tokens, temperature=0.0, top_k=None, top_p=None, seed=None,
+                  chat=False, context: int | None = None) -> "Request":
+    """Every check a request gets, before any compute; the request, ready to run. context: the
+    positions it may use (default: the model's context)."""
     params = check_sampling(temperature, top_k, top_p)
     check_max_tokens(max_tokens)
     check_seed(seed)
     prompt_ids = encode_prompt(prompt, tokenizer, model, chat)
-    check_context(model.max_context, model.name, len(prompt_ids), max_tokens)
-    return params, prompt_ids
+    check_context(model.max_context if context is None else context, model.name, len(prompt_ids), max_tokens)
+    return Request(prompt_ids, max_tokens, params, Noise(seed, model.device), model.eos_token_ids)
+
+
+class Request:
+    """One prompt's generation: its ids, limits, sampling and noise (sampling.Noise), what it
+    generated so far, why it stopped (None: it goes on) and its stats."""
+
+    def __init__(self, prompt_ids: list[int], max_tokens: int, params: SamplingParams, noise: Noise,
+                 eos: tuple[int, ...]):
+        self.prompt_ids, self.max_tokens, self.params, self.noise, self.eos = prompt_ids, max_tokens, params, noise, eos
+        self.out: list[int] = []
+        self.reason: str | None = None if max_tokens else "length"
+        self.stats = Stats()
+
+    def sequence(self) -> list[int]:
+        """The accepted sequence: the prompt and what it generated so far."""
+        return self.prompt_ids + self.out
+
+    def room(self) -> int:
+        """Drafts it could still keep: a step always adds one target token after them."""
+        return self.max_tokens - len(self.out) - 1
+
+    def add(self, new: list[int]) -> list[int]:
+        """A pass yielded `new`: keep it up to an EOS or max_tokens; the ids kept."""
+        self.stats.target_calls += 1
+        before = len(self.out)
+        self.reason = _finish(self.out, new, self.eos, self.max_tokens)
+        return self.out[before:]
+
+    def accept(self, drafted: list[int], n_accepted: int, token: int) -> list[int]:
+        """A verify step kept drafted[:n_accepted] and the target's token; the ids kept."""
+        new = self.add(drafted[:n_accepted] + [token])
+        # An EOS among the accepted drafts ends the block: the drafts after it were neither
+        # accepted nor rejected, just discarded, so they are not counted at all.
+        kept = min(n_accepted, len(new))
+        self.stats.record_step(kept if kept < n_accepted else len(drafted), kept)
+        return new
+
+    def result(self, tokenizer) -> Generation:
+        self.stats.generated = len(self.out)
+        return Generation(self.out, _decode(tokenizer, self.out), self.reason, self.stats, self.prompt_ids)
 
 
 def as_batch(prompt) -> tuple[list, bool]:
@@ -238,30 +280,27 @@ def row_seeds(seed, batch: int) -> list:
 
 
 class Run:
-    """One call's rows, checked before any compute: their prompt ids, outputs, stop reasons,
-    noise (sampling.Noise) and stats, and the target's cache as that many sequences."""
+    """One call's requests (one per row), checked before any compute, and the target's cache as
+    that many sequences."""
 
     def __init__(self, model: LanguageModel, tokenizer, prompt, max_tokens, temperature, top_k, top_p, seed, chat,
                  stream):
         prompts, self.batched = as_batch(prompt)
         seeds = row_seeds(seed, len(prompts))
         self.rows = Rows(model, len(prompts))
-        requests = [_check_request(model, tokenizer, p, max_tokens, temperature, top_k, top_p, s, chat)
-                    for p, s in zip(prompts, seeds)]
-        self.params = requests[0][0]
-        self.prompt_ids = [ids for _, ids in requests]
+        self.requests = [check_request(model, tokenizer, p, max_tokens, temperature, top_k, top_p, s, chat)
+                         for p, s in zip(prompts, seeds)]
+        self.params = self.requests[0].params
+        self.prompt_ids = [r.prompt_ids for r in self.requests]
+        self.noises = [r.noise for r in self.requests]
         self.size = len(prompts)
-        self.stats = [Stats() for _ in prompts]
-        self.outs: list[list[int]] = [[] for _ in prompts]
-        self.reasons: list[str | None] = [None if max_tokens else "length" for _ in prompts]
-        self.noises = [Noise(s, model.device) for s in seeds]
         self.model, self.tokenizer, self.max_tokens, self.stream = model, tokenizer, max_tokens, stream
 
     def live(self) -> list[int]:
-        return [b for b, r in enumerate(self.reasons) if r is None]
+        return [b for b, r in enumerate(self.requests) if r.reason is None]
 
     def timer(self, rows) -> _Timer:
-        return _Timer([self.stats[b] for b in rows], self.model.device)
+        return _Timer([self.requests[b].stats for b in rows], self.model.device)
 
     def prefill(self) -> list[int]:
         """Empty the cache and run every prompt; each row's first new token."""
@@ -273,35 +312,23 @@ class Run:
                     for x, noise, ids in zip(logits, self.noises, self.prompt_ids)]
 
     def sequence(self, b: int) -> list[int]:
-        """Row b's accepted sequence: its prompt and what it generated so far."""
-        return self.prompt_ids[b] + self.outs[b]
+        return self.requests[b].sequence()
 
     def room(self, b: int) -> int:
-        """Drafts row b could still keep: a step always adds one target token after them."""
-        return self.max_tokens - len(self.outs[b]) - 1
+        return self.requests[b].room()
 
     def add(self, b: int, new: list[int]) -> list[int]:
-        """Row b's step yielded `new`: keep it up to an EOS or max_tokens; the ids kept."""
-        self.stats[b].target_calls += 1
-        before = len(self.outs[b])
-        self.reasons[b] = _finish(self.outs[b], new, self.model.eos_token_ids, self.max_tokens)
-        return self.outs[b][before:]
+        return self.requests[b].add(new)
 
     def accept(self, b: int, drafted: list[int], n_accepted: int, token: int) -> list[int]:
-        """Row b's verify step kept drafted[:n_accepted] and the target's token; the ids kept."""
-        new = self.add(b, drafted[:n_accepted] + [token])
-        # An EOS among the accepted drafts ends the block: the drafts after it were neither
-        # accepted nor rejected, just discarded, so they are not counted at all.
-        kept = min(n_accepted, len(new))
-        self.stats[b].record_step(kept if kept < n_accepted else len(drafted), kept)
-        return new
+        return self.requests[b].accept(drafted, n_accepted, token)
 
     def rollback(self, rows: list[int]) -> None:
         """Forget rejected drafts (and anything after an EOS): each row's cache keeps its
         accepted sequence minus its pending last token."""
         lengths = self.rows.lengths
         for b in rows:
-            lengths[b] = len(self.prompt_ids[b]) + len(self.outs[b]) - 1
+            lengths[b] = len(self.requests[b].sequence()) - 1
         self.rows.rollback(lengths)
 
     def emit(self, b: int, ids: list[int]) -> None:
@@ -310,10 +337,8 @@ class Run:
 
     def results(self, drafter=None) -> Generation | list[Generation]:
         gens = []
-        for b in range(self.size):
+        for b, r in enumerate(self.requests):
             if drafter is not None:
-                self.stats[b].draft_calls, self.stats[b].drafter = drafter.calls, drafter.counters(b)
-            self.stats[b].generated = len(self.outs[b])
-            gens.append(Generation(self.outs[b], _decode(self.tokenizer, self.outs[b]), self.reasons[b],
-                                   self.stats[b], self.prompt_ids[b]))
+                r.stats.draft_calls, r.stats.drafter = drafter.calls, drafter.counters(b)
+            gens.append(r.result(self.tokenizer))
         return gens if self.batched else gens[0]

@@ -12,7 +12,7 @@ from specdec import decoding
 
 ROOT = Path(specdec.__file__).parent
 # Each layer may import from the layers after it, never from one before it.
-LAYERS = [("cli", "bench", "train"), ("decoding",), ("request", "bridge"), ("drafters",), ("datastore", "schedule"),
+LAYERS = [("cli", "bench", "train"), ("server",), ("batcher",), ("decoding",), ("request", "bridge"), ("drafters",), ("datastore", "schedule"),
           ("sampling",), ("models",)]
 
 

@@ -11,8 +11,8 @@ put a whole verification step's tokens in one chunk, llama-server sends one per 
 chunk is a step there and a token here); end-to-end latency; output tokens per second.
 
 Speculation counters come from the server, as deltas of its Prometheus counters around each
-endpoint's timed requests (warm-up excluded): vLLM's `vllm:spec_decode_*` and llama-server's
-`llamacpp:spec_decode_*` (with `--metrics`), plus llama-server's `timings.draft_n` /
+endpoint's timed requests (warm-up excluded): vLLM's `vllm:spec_decode_*`, llama-server's
+`llamacpp:spec_decode_*` (with `--metrics`) and `specdec serve`'s `specdec:spec_decode_*`, plus llama-server's `timings.draft_n` /
 `draft_n_accepted` in each response. SGLang exports only gauges, so its acceptance comes from
 `meta_info` where a response carries it. What a server does not offer is reported as n/a.
 
@@ -86,7 +86,7 @@ def _by_name(metrics: dict, name: str, position: bool = False) -> dict:
 
 def speculation_from_counters(before: dict, after: dict) -> dict | None:
     """Acceptance from the server's own counters (vLLM's or llama-server's names), or None."""
-    for prefix in ("vllm:spec_decode_", "llamacpp:spec_decode_"):
+    for prefix in ("vllm:spec_decode_", "llamacpp:spec_decode_", "specdec:spec_decode_"):
         totals = [(_by_name(after, prefix + k).get(None), _by_name(before, prefix + k).get(None, 0.0))
                   for k in SPEC_COUNTERS]
         if any(a is None for a, _ in totals):

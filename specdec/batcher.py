@@ -1,0 +1,284 @@
+"""Continuous batching: requests join and leave one running batch between steps.
+
+The target's cache holds `max_batch` sequences (slots), allocated once. A request waits in a
+bounded queue until a slot is free; its prompt is then read in chunks, a few hundred tokens
+a step, so that a long prompt does not stall the others; from then on every step drafts for
+each running row and verifies all of them in one pass, as `speculative_generate` does for a
+static batch. A row that ends (EOS, max_tokens, cancelled) frees its slot at once: rolling
+its length back to 0 is all it takes.
+
+Each row keeps its own sampling, seed and noise, so on the bf16 kernel, whose rows are each
+exactly a one-token pass, every row's output is its solo `generate` output whatever else
+shares the batch and whatever was drafted (sampling.py).
+
+One engine thread runs the steps; `submit` and `cancel` may be called from any thread, and a
+job's `emit` is called on the engine thread (the server hands it over to its event loop).
+"""
+from __future__ import annotations
+
+import collections
+import threading
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import Callable
+
+from .bridge import for_target
+from .decoding import auto_k_max
+from .drafters import Drafter
+from .request import Request, _Timer
+from .sampling import choose, verify
+from .schedule import FixedCosts, as_schedule
+
+PREFILL_CHUNK = 512  # prompt tokens read per step, over all newcomers (a multiple of kernel.MAX_ROWS)
+
+
+class QueueFull(Exception):
+    """The queue holds as many requests as it may: refuse, do not wait."""
+
+
+class Closed(Exception):
+    """The batcher is shutting down and takes no new requests."""
+
+
+@dataclass(eq=False)
+class Job:
+    """A request in the batcher. emit(new ids, finish reason or None) is called on the engine
+    thread: with the first token once the prompt is read, after each step, and with the reason
+    ("eos", "length", "cancelled" or "error") when it ends."""
+
+    request: Request
+    emit: Callable[[list[int], str | None], None]
+    speculative: bool = True
+    cancelled: bool = False
+    read: int = 0  # prompt tokens in the cache
+    started: float = field(default_factory=time.perf_counter)
+
+
+@dataclass
+class Counters:
+    """Totals since start, as /metrics shows them (vLLM's spec_decode names)."""
+
+    drafts: int = 0  # steps of a row that drafted
+    draft_tokens: int = 0
+    accepted: int = 0
+    accepted_per_pos: list[int] = field(default_factory=list)
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
+    finished: collections.Counter = field(default_factory=collections.Counter)  # by finish reason
+    steps: int = 0
+
+
+class Batcher:
+    def __init__(self, model, drafter: Drafter | None, *, max_batch: int = 16, context: int | None = None,
+                 queue_size: int = 64, num_draft_tokens="auto", prefill_chunk: int = PREFILL_CHUNK):
+        if not model.batches:
+            raise ValueError(f"{model.name} on {type(model).__name__} runs one sequence at a time; serving needs an "
+                             "engine that batches (the native engine)")
+        for name, value in (("max_batch", max_batch), ("queue_size", queue_size), ("prefill_chunk", prefill_chunk)):
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        self.model, self.max_batch, self.queue_size, self.prefill_chunk = model, max_batch, queue_size, prefill_chunk
+        self.context = min(context or model.max_context, model.max_context)
+        self.drafter = None if drafter is None else for_target(drafter, model, model.tokenizer)
+        if self.drafter is not None and not self.drafter.batches:
+            raise ValueError(f"the draft ({self.drafter!r}) runs one prompt at a time; serving needs a draft that "
+                             "batches")
+        self.schedule = as_schedule(num_draft_tokens, auto_k_max(model, max_batch))
+        # As in speculative_generate: where rows are not invariant, clocks must not choose the blocks.
+        self.fixed = None if model.row_invariant else FixedCosts(*model.block_cost)
+        self.model.reset_batch(self.context, max_batch)
+        if self.drafter is not None:
+            self.drafter.begin(self.context, max_batch)
+        self.slots: list[Job | None] = [None] * max_batch
+        self.waiting: collections.deque[Job] = collections.deque()
+        self.counters = Counters()
+        self.closing = False
+        self._wake = threading.Condition()
+        self._thread: threading.Thread | None = None
+
+    # ------------------------------------------------------------------ any thread
+
+    def submit(self, job: Job) -> None:
+        """Queue a checked request (request.check_request); QueueFull or Closed if it cannot wait."""
+        with self._wake:
+            if self.closing:
+                raise Closed("the server is shutting down")
+            free = self.slots.count(None)  # rows the engine fills at its next step
+            if len(self.waiting) - free >= self.queue_size:
+                raise QueueFull(f"{len(self.waiting) - free} requests are waiting for a row already "
+                                f"(--queue-size {self.queue_size})")
+            self.waiting.append(job)
+            self._wake.notify()
+
+    def cancel(self, job: Job) -> None:
+        """The job ends at the next step boundary (its slot is freed then)."""
+        job.cancelled = True
+        with self._wake:
+            self._wake.notify()
+
+    @property
+    def running(self) -> int:
+        return sum(job is not None for job in self.slots)
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="specdec-batcher", daemon=True)
+        self._thread.start()
+
+    def stop(self, drain: bool = True, timeout: float | None = None) -> None:
+        """Refuse new requests; finish those in flight (drain) or cancel them; wait for the thread.
+        What is still running after `timeout` seconds is cancelled."""
+        with self._wake:
+            self.closing = True
+            if not drain:
+                for job in [*self.waiting, *filter(None, self.slots)]:
+                    job.cancelled = True
+            self._wake.notify()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            if self._thread.is_alive():
+                with self._wake:
+                    for job in [*self.waiting, *filter(None, self.slots)]:
+                        job.cancelled = True
+                    self._wake.notify()
+                self._thread.join()
+
+    # ------------------------------------------------------------------ the engine thread
+
+    def _run(self) -> None:
+        while True:
+            with self._wake:
+                while not self.waiting and not any(self.slots) and not self.closing:
+                    self._wake.wait()
+                if self.closing and not self.waiting and not any(self.slots):
+                    return
+            try:
+                self.step()
+            except Exception:  # noqa: BLE001 -- a bug must not leave requests hanging: end them, go on
+                traceback.print_exc()
+                for b, job in enumerate(self.slots):
+                    if job is not None:
+                        self._end(b, "error")
+
+    def step(self) -> None:
+        """One step: admit newcomers, read a chunk of prompts, then draft and verify every running row."""
+        self._admit()
+        self._read_prompts()
+        live = [b for b, job in enumerate(self.slots) if job is not None and job.read == len(job.request.prompt_ids)]
+        if live:
+            self._decode(live)
+        self.counters.steps += 1
+
+    def _admit(self) -> None:
+        with self._wake:
+            for job in [j for j in self.waiting if j.cancelled]:
+                self.waiting.remove(job)
+                self._finish(job, "cancelled")
+            while self.waiting and None in self.slots:
+                b = self.slots.index(None)
+                self.slots[b] = job = self.waiting.popleft()
+                if self.drafter is not None:
+                    self.drafter.prefill([job.request.prompt_ids], [b])
+        for b, job in enumerate(self.slots):
+            if job is not None and job.cancelled:
+                self._end(b, "cancelled")
+
+    def _read_prompts(self) -> None:
+        """Up to prefill_chunk prompt tokens, oldest request first; a row whose prompt is read
+        chooses its first token from the last position, as generate's prefill does."""
+        budget, blocks = self.prefill_chunk, [[] for _ in self.slots]
+        for b in sorted((b for b, j in enumerate(self.slots) if j and j.read < len(j.request.prompt_ids)),
+                        key=lambda b: self.slots[b].started):
+            job = self.slots[b]
+            blocks[b] = job.request.prompt_ids[job.read: job.read + budget]
+            budget -= len(blocks[b])
+            if not budget:
+                break
+        rows = [b for b, block in enumerate(blocks) if block]
+        if not rows:
+            return
+        with _Timer([self.slots[b].request.stats for b in rows], self.model.device)("prefill"):
+            logits = self.model.forward_batch(blocks, last_only=True)
+        for b in rows:
+            job = self.slots[b]
+            job.read += len(blocks[b])
+            self.counters.prompt_tokens += len(blocks[b])
+            r = job.request
+            if job.read == len(r.prompt_ids):
+                new = r.add([choose(logits[b][-1], r.params, r.noise, len(r.prompt_ids))])
+                self._emit(b, new)
+
+    def _decode(self, live: list[int]) -> None:
+        """speculative_generate's step over the running rows: plan, propose, verify, accept, learn, keep."""
+        jobs = {b: self.slots[b] for b in live}
+        ids = {b: jobs[b].request.sequence() for b in live}
+        drafter = self.drafter
+        sources = [drafter.sources(ids[b], b) if drafter and jobs[b].speculative else () for b in live]
+        plan = dict(zip(live, self.schedule.choose_batch(sources)))
+        asks = {b: (ids[b], min(k, jobs[b].request.room()), src) for b, (src, k) in plan.items()
+                if min(k, jobs[b].request.room()) > 0}
+        step = _Timer([job.request.stats for job in jobs.values()], self.model.device)
+        setup = drafter.setup_seconds if drafter else 0.0
+        proposals = {}
+        with step("draft"):
+            # One proposal call per sampling setting (a model draft samples its rows with one).
+            for params in {jobs[b].request.params for b in asks}:
+                group = {b: a for b, a in asks.items() if jobs[b].request.params == params}
+                proposals |= drafter.propose_rows(group, params, {b: jobs[b].request.noise for b in group})
+        setup = (drafter.setup_seconds if drafter else 0.0) - setup
+        drafted = {b: proposals.get(b, []) for b in live}
+        with step("verify"):
+            logits = self.model.forward_batch([[ids[b][-1]] + drafted[b] if b in ids else [] for b in
+                                               range(self.max_batch)])
+            verdicts = {b: verify(drafted[b], logits[b], jobs[b].request.params, jobs[b].request.noise, len(ids[b]))
+                        for b in live}
+        before = {b: (s.drafted, s.accepted, list(s.accepted_at)) for b in live for s in [jobs[b].request.stats]}
+        new = {b: jobs[b].request.accept(drafted[b], *verdicts[b]) for b in live}
+        self._count(before, live)
+        outcomes = [(plan[b][0], len(drafted[b]), verdicts[b][0]) for b in live]
+        costs = self.fixed.step(outcomes) if self.fixed else (step.elapsed.get("draft", 0.0) - setup,
+                                                             step.elapsed["verify"])
+        self.schedule.update_batch(outcomes, *costs)
+        lengths = self.model.cache_lens
+        for b in live:  # the cache keeps each accepted sequence but its pending token
+            lengths[b] = len(jobs[b].request.sequence()) - 1
+        self.model.rollback_batch(lengths)
+        for b in live:
+            if drafter is not None and jobs[b].request.reason is None:
+                drafter.commit(jobs[b].request.sequence(), b)
+            self._emit(b, new[b])
+
+    def _count(self, before: dict, live: list[int]) -> None:
+        """Add what the step's rows recorded in their stats (Stats.record_step) to the totals."""
+        c = self.counters
+        for b in live:
+            s, (drafted, accepted, at) = self.slots[b].request.stats, before[b]
+            if s.drafted > drafted:
+                c.drafts += 1
+                c.draft_tokens += s.drafted - drafted
+                c.accepted += s.accepted - accepted
+                c.accepted_per_pos.extend([0] * (len(s.accepted_at) - len(c.accepted_per_pos)))
+                for i, n in enumerate(s.accepted_at):
+                    c.accepted_per_pos[i] += n - (at[i] if i < len(at) else 0)
+
+    def _emit(self, b: int, new: list[int]) -> None:
+        job = self.slots[b]
+        self.counters.generation_tokens += len(new)
+        if new:
+            job.emit(new, None)
+        if job.request.reason is not None:
+            self._end(b, job.request.reason)
+
+    def _end(self, b: int, reason: str) -> None:
+        """Free slot b (its cache rows are reused from length 0) and tell its job why it ended."""
+        job, self.slots[b] = self.slots[b], None
+        lengths = self.model.cache_lens
+        lengths[b] = 0
+        self.model.rollback_batch(lengths)
+        self._finish(job, reason)
+
+    def _finish(self, job: Job, reason: str) -> None:
+        if job.request.reason is None or reason in ("cancelled", "error"):
+            job.request.reason = reason
+        self.counters.finished[job.request.reason] += 1
+        job.emit([], job.request.reason)

@@ -1,0 +1,343 @@
+"""`specdec serve`: an OpenAI-compatible HTTP server over the batcher (Starlette on uvicorn).
+
+    POST /v1/chat/completions   POST /v1/completions   (stream: true for server-sent events)
+    GET  /v1/models             GET  /health            GET  /metrics (Prometheus text)
+
+Every request is checked before any compute and refused with 400 naming the field; a full
+queue gets 429; a client that disconnects cancels its request; the one model it serves is
+the only one it ever loads. Extensions to OpenAI's fields: `top_k`, `ignore_eos` and
+`return_token_ids` (as vLLM reads them) and `speculative: false` (decode this request
+without drafts; its output is the same, only its speed changes).
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+
+from starlette.applications import Starlette
+from starlette.requests import Request as HTTPRequest
+from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from .batcher import Batcher, Closed, Job, QueueFull
+from .request import check_request
+
+COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stream", "stream_options", "n",
+          "ignore_eos", "speculative", "return_token_ids", "user"}
+FIELDS = {"chat": COMMON | {"messages", "max_completion_tokens"}, "text": COMMON | {"prompt"}}
+FINISH = {"eos": "stop", "length": "length"}  # our reasons -> OpenAI's
+
+
+class BadRequest(Exception):
+    def __init__(self, message: str, param: str | None = None):
+        super().__init__(message)
+        self.param = param
+
+
+def error(status: int, message: str, param: str | None = None, kind: str = "invalid_request_error") -> JSONResponse:
+    return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": status}}, status)
+
+
+class TextDelta:
+    """New text as tokens arrive: the decoding of all of them, less what was sent, held back
+    while it ends in half a character."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer, self.ids, self.sent = tokenizer, [], 0
+
+    def __call__(self, new: list[int], final: bool = False) -> str:
+        self.ids += new
+        text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
+        if text.endswith("\ufffd") and not final:
+            return ""
+        out, self.sent = text[self.sent:], len(text)
+        return out
+
+
+def _field(body: dict, name: str, kinds, default=None):
+    value = body.get(name, default)
+    if value is not None and (not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds)):
+        names = " or ".join(k.__name__ for k in kinds)
+        raise BadRequest(f"{name} must be {names}, got {type(value).__name__}", name)
+    return value
+
+
+class Server:
+    """The routes, over one batcher and the model it serves."""
+
+    def __init__(self, batcher: Batcher, name: str):
+        self.batcher, self.name = batcher, name
+        self.model, self.tokenizer = batcher.model, batcher.model.tokenizer
+        self.created = int(time.time())
+
+    def app(self) -> Starlette:
+        return Starlette(routes=[
+            Route("/health", self.health), Route("/v1/models", self.models), Route("/metrics", self.metrics),
+            Route("/v1/chat/completions", self.chat, methods=["POST"]),
+            Route("/v1/completions", self.completions, methods=["POST"]),
+        ])
+
+    async def health(self, _: HTTPRequest) -> Response:
+        if self.batcher.closing:
+            return error(503, "shutting down", kind="unavailable")
+        return JSONResponse({"status": "ok"})
+
+    async def models(self, _: HTTPRequest) -> Response:
+        return JSONResponse({"object": "list", "data": [
+            {"id": self.name, "object": "model", "created": self.created, "owned_by": "specdec",
+             "max_model_len": self.batcher.context}]})
+
+    async def metrics(self, _: HTTPRequest) -> Response:
+        c, label = self.batcher.counters, f'model_name="{self.name}"'
+        lines = []
+
+        def metric(name, kind, value, labels=""):
+            lines.append(f"# TYPE specdec:{name} {kind}")
+            lines.append(f"specdec:{name}{{{label}{labels}}} {value}")
+        metric("num_requests_running", "gauge", self.batcher.running)
+        metric("num_requests_waiting", "gauge", len(self.batcher.waiting))
+        metric("prompt_tokens_total", "counter", c.prompt_tokens)
+        metric("generation_tokens_total", "counter", c.generation_tokens)
+        metric("spec_decode_num_drafts_total", "counter", c.drafts)
+        metric("spec_decode_num_draft_tokens_total", "counter", c.draft_tokens)
+        metric("spec_decode_num_accepted_tokens_total", "counter", c.accepted)
+        lines.append("# TYPE specdec:spec_decode_num_accepted_tokens_per_pos_total counter")
+        for i, n in enumerate(c.accepted_per_pos):
+            lines.append(f'specdec:spec_decode_num_accepted_tokens_per_pos_total{{{label},position="{i}"}} {n}')
+        lines.append("# TYPE specdec:request_success_total counter")
+        for reason, n in sorted(c.finished.items()):
+            lines.append(f'specdec:request_success_total{{{label},finished_reason="{FINISH.get(reason, reason)}"}} {n}')
+        return PlainTextResponse("\n".join(lines) + "\n", media_type="text/plain; version=0.0.4")
+
+    async def chat(self, request: HTTPRequest) -> Response:
+        return await self._serve(request, "chat")
+
+    async def completions(self, request: HTTPRequest) -> Response:
+        return await self._serve(request, "text")
+
+    # ------------------------------------------------------------------ checks
+
+    def _prompt_ids(self, body: dict, kind: str) -> list[int]:
+        if kind == "text":
+            prompt = body.get("prompt")
+            if isinstance(prompt, str) and prompt:
+                return self.tokenizer(prompt)["input_ids"]
+            if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool)
+                                                           for t in prompt):
+                return prompt
+            raise BadRequest("prompt must be a non-empty string or a list of token ids (one prompt a request)",
+                             "prompt")
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise BadRequest("messages must be a non-empty list of {role, content}", "messages")
+        for i, m in enumerate(messages):
+            if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+                raise BadRequest(f"messages[{i}] must be an object with a role and content", "messages")
+            content = m.get("content")
+            if isinstance(content, list):  # OpenAI's content parts: text only
+                if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+                           for p in content):
+                    raise BadRequest(f"messages[{i}].content: only text parts are supported", "messages")
+                m = {**m, "content": "".join(p["text"] for p in content)}
+                messages[i] = m
+            elif not isinstance(content, str):
+                raise BadRequest(f"messages[{i}].content must be a string", "messages")
+        if not getattr(self.tokenizer, "chat_template", None):
+            raise BadRequest(f"{self.name} has no chat template: use /v1/completions", "messages")
+        try:
+            text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        except Exception as exc:  # noqa: BLE001 -- a template that refuses these messages
+            raise BadRequest(f"messages: the chat template refused them: {exc}", "messages") from None
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    def _check(self, body, kind: str):
+        """The request as the batcher takes it, and how to answer; BadRequest before any compute."""
+        if not isinstance(body, dict):
+            raise BadRequest("the body must be a JSON object")
+        unknown = sorted(set(body) - FIELDS[kind])
+        if unknown:
+            raise BadRequest(f"unknown field {unknown[0]!r}", unknown[0])
+        model = _field(body, "model", (str,))
+        if model is not None and model != self.name:
+            raise BadRequest(f"model {model!r} is not served here (this server serves {self.name!r})", "model")
+        if _field(body, "n", (int,), 1) != 1:
+            raise BadRequest("n must be 1", "n")
+        stream = _field(body, "stream", (bool,), False)
+        options = _field(body, "stream_options", (dict,), {}) or {}
+        if set(options) - {"include_usage"}:
+            raise BadRequest(f"unknown stream_options field {sorted(set(options) - {'include_usage'})[0]!r}",
+                             "stream_options")
+        ids = self._prompt_ids(body, kind)
+        where = "messages" if kind == "chat" else "prompt"
+        if len(ids) >= self.batcher.context:
+            raise BadRequest(f"{where}: {len(ids)} tokens, past the server's context of {self.batcher.context} "
+                             "(--context)", where)
+        name = "max_completion_tokens" if kind == "chat" and "max_completion_tokens" in body else "max_tokens"
+        max_tokens = _field(body, name, (int,))
+        if max_tokens is None:
+            max_tokens = max(self.batcher.context - len(ids), 0)
+        elif max_tokens < 1:
+            raise BadRequest(f"{name} must be >= 1, got {max_tokens}", name)
+        sampling = {k: body.get(k, d) for k, d in (("temperature", 1.0), ("top_p", None), ("top_k", None),
+                                                   ("seed", None))}
+        try:
+            req = check_request(self.model, self.tokenizer, ids, max_tokens, context=self.batcher.context, **sampling)
+            if self.batcher.drafter is not None:
+                self.batcher.drafter.check_prompts([req.prompt_ids])
+        except (ValueError, TypeError) as exc:
+            message = str(exc)  # each check's message starts with what it checks
+            param = next((k for k in ("temperature", "top_p", "top_k", "seed", "max_tokens") if message.startswith(k)),
+                         None)
+            if param is None:  # the prompt's ids, or prompt + max_tokens over the context (the prompt fits)
+                param = name if message.startswith("prompt (") else where
+            raise BadRequest(message.replace("max_tokens", name), name if param == "max_tokens" else param) from None
+        if _field(body, "ignore_eos", (bool,), False):
+            req.eos = ()
+        flags = {"stream": stream, "usage": bool(options.get("include_usage")),
+                 "ids": _field(body, "return_token_ids", (bool,), False)}
+        return req, _field(body, "speculative", (bool,), True), flags
+
+    # ------------------------------------------------------------------ answering
+
+    async def _serve(self, request: HTTPRequest, kind: str) -> Response:
+        try:
+            body = json.loads(await request.body())
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            return error(400, f"malformed JSON: {exc}")
+        try:
+            req, speculative, flags = self._check(body, kind)
+        except BadRequest as exc:
+            return error(400, str(exc), exc.param)
+        loop, events = asyncio.get_running_loop(), asyncio.Queue()
+
+        def emit(new, reason):  # on the engine thread
+            try:
+                loop.call_soon_threadsafe(events.put_nowait, (new, reason))
+            except RuntimeError:  # the loop has closed (shutdown): nobody is waiting
+                pass
+        job = Job(req, emit, speculative)
+        try:
+            self.batcher.submit(job)
+        except QueueFull as exc:
+            return error(429, f"the queue is full: {exc}", kind="rate_limit_exceeded")
+        except Closed as exc:
+            return error(503, str(exc), kind="unavailable")
+        rid = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex
+        if flags["stream"]:
+            return StreamingResponse(self._stream(job, events, kind, rid, flags), media_type="text/event-stream")
+        return await self._whole(request, job, events, kind, rid, flags)
+
+    def _usage(self, req) -> dict:
+        s = req.stats
+        n = len(req.out)
+        return {"prompt_tokens": len(req.prompt_ids), "completion_tokens": n, "total_tokens": len(req.prompt_ids) + n,
+                "speculation": {"drafted": s.drafted, "accepted": s.accepted, "target_passes": s.target_calls}}
+
+    def _choice(self, kind: str, text: str, reason: str | None, ids=None, delta: bool = False) -> dict:
+        if kind == "chat":
+            body = {"index": 0, "delta" if delta else "message": ({"content": text} if delta else
+                                                                    {"role": "assistant", "content": text})}
+        else:
+            body = {"index": 0, "text": text, "logprobs": None}
+        body["finish_reason"] = FINISH.get(reason) if reason else None
+        if ids is not None:
+            body["token_ids"] = ids
+        return body
+
+    def _envelope(self, kind: str, rid: str, stream: bool) -> dict:
+        obj = {"chat": "chat.completion", "text": "text_completion"}[kind] + (".chunk" if stream and kind == "chat"
+                                                                               else "")
+        return {"id": rid, "object": obj, "created": int(time.time()), "model": self.name}
+
+    async def _whole(self, request: HTTPRequest, job: Job, events: asyncio.Queue, kind, rid, flags) -> Response:
+        """Wait for the whole answer; a client gone meanwhile cancels it."""
+        gone = asyncio.ensure_future(_disconnected(request))
+        try:
+            while True:
+                get = asyncio.ensure_future(events.get())
+                await asyncio.wait({get, gone}, return_when=asyncio.FIRST_COMPLETED)
+                if not get.done():
+                    get.cancel()
+                    self.batcher.cancel(job)
+                    return Response(status_code=499)
+                new, reason = get.result()
+                if reason is not None:
+                    break
+        finally:
+            gone.cancel()
+        req = job.request
+        if reason in ("cancelled", "error"):
+            return error(503 if reason == "cancelled" else 500, f"the request was {reason}: the server is "
+                         "shutting down" if reason == "cancelled" else "the engine failed on this request",
+                         kind="server_error")
+        text = self.tokenizer.decode(req.out, skip_special_tokens=True)
+        return JSONResponse(self._envelope(kind, rid, False) | {
+            "choices": [self._choice(kind, text, reason, req.out if flags["ids"] else None)],
+            "usage": self._usage(req)})
+
+    async def _stream(self, job: Job, events: asyncio.Queue, kind, rid, flags):
+        """Server-sent events: a chunk a step; closing the stream (a client gone) cancels the job."""
+        delta, head, done = TextDelta(self.tokenizer), self._envelope(kind, rid, True), False
+        try:
+            if kind == "chat":
+                yield _sse(head | {"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
+                                                "finish_reason": None}]})
+            while True:
+                new, reason = await events.get()
+                if reason in ("cancelled", "error"):
+                    done = True
+                    yield _sse({"error": {"message": f"the request was {reason}", "type": "server_error"}})
+                    return
+                text = delta(new, final=reason is not None)
+                if text or reason or (new and flags["ids"]):
+                    yield _sse(head | {"choices": [self._choice(kind, text, reason, new if flags["ids"] else None,
+                                                                delta=True)]})
+                if reason is not None:
+                    done = True
+                    break
+            if flags["usage"]:
+                yield _sse(head | {"choices": [], "usage": self._usage(job.request)})
+            yield "data: [DONE]\n\n"
+        finally:
+            if not done:
+                self.batcher.cancel(job)
+
+
+def _sse(obj: dict) -> str:
+    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+
+
+async def _disconnected(request: HTTPRequest) -> None:
+    """Returns once the client has gone (the body is read already, so only a disconnect comes)."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+def serve(batcher: Batcher, name: str, host: str = "127.0.0.1", port: int = 8000, shutdown_timeout: float = 30.0,
+          log=print) -> None:
+    """Run until SIGINT or SIGTERM: then take nothing new, finish what is in flight for up to
+    `shutdown_timeout` seconds, cancel the rest, and return."""
+    import signal
+
+    import uvicorn
+
+    server = Server(batcher, name)
+    config = uvicorn.Config(server.app(), host=host, port=port, log_level="warning",
+                            timeout_graceful_shutdown=shutdown_timeout)
+    # uvicorn raises the signal that stopped it again once it has shut down; by then the
+    # shutdown is done, so that second one is ignored and the command returns normally.
+    before = {sig: signal.signal(sig, lambda *_: None) for sig in (signal.SIGINT, signal.SIGTERM)}
+    batcher.start()
+    log(f"specdec: serving {name} on http://{host}:{port} ({batcher.max_batch} rows, context {batcher.context}, "
+        f"draft {batcher.drafter!r})")
+    try:
+        uvicorn.Server(config).run()
+    finally:
+        batcher.stop(drain=False)
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+    log("specdec: stopped")

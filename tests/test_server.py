@@ -1,0 +1,356 @@
+"""`specdec serve`: real servers started on 127.0.0.1 by the tests (the CLI, in a subprocess)
+and stopped after them. Streaming and not, the same output as solo `generate` under
+concurrency, bad requests refused before any compute, a full queue, cancellation on
+disconnect, metrics equal to the counts, a clean shutdown, and a soak."""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+
+from specdec.bench.serving import parse_metrics
+
+from test_serving import free_port
+from tiny import needs_model
+
+pytestmark = needs_model
+MODEL = "smollm2-135m-instruct"
+TORCH_THREADS = 2
+
+
+def start(*args: str, port: int | None = None) -> tuple[subprocess.Popen, str]:
+    port = port or free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "specdec.cli", "serve", "--model", MODEL, "--dtype", "bfloat16",
+                             "--port", str(port), *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 180
+    while time.time() < deadline and proc.poll() is None:
+        try:
+            if httpx.get(url + "/health", timeout=2).status_code == 200:
+                return proc, url
+        except httpx.TransportError:
+            time.sleep(0.3)
+    proc.kill()
+    raise RuntimeError(f"specdec serve did not come up on {url}: {proc.stderr.read()[-2000:]}")
+
+
+def stop(proc: subprocess.Popen) -> int:
+    proc.send_signal(signal.SIGINT)
+    return proc.wait(timeout=60)
+
+
+@pytest.fixture(scope="module")
+def server():
+    proc, url = start("--max-batch", "4", "--context", "1024", "--queue-size", "8")
+    try:
+        yield url
+    finally:
+        assert stop(proc) == 0
+
+
+@pytest.fixture(scope="module")
+def model():
+    from specdec.models.loading import load_model
+
+    return load_model(MODEL, dtype="bfloat16")
+
+
+def chat_ids(model, content: str) -> list[int]:
+    tok = model.tokenizer
+    text = tok.apply_chat_template([{"role": "user", "content": content}], tokenize=False, add_generation_prompt=True)
+    return tok(text, add_special_tokens=False)["input_ids"]
+
+
+def solo(model, content: str, max_tokens: int, **sampling) -> list[int]:
+    from specdec import generate
+
+    return generate(model, model.tokenizer, chat_ids(model, content), max_tokens, **sampling).token_ids
+
+
+def metrics(url: str) -> dict:
+    return parse_metrics(httpx.get(url + "/metrics", timeout=10).text)
+
+
+def total(m: dict, name: str, **labels) -> float:
+    want = [f'{k}="{v}"' for k, v in labels.items()]
+    return sum(v for k, v in m.items() if k.split("{")[0] == f"specdec:{name}" and all(w in k for w in want))
+
+
+def idle(url: str, timeout: float = 30) -> dict:
+    """The metrics once nothing runs or waits (a cancelled request frees its row at the next step)."""
+    deadline = time.time() + timeout
+    while True:
+        m = metrics(url)
+        if total(m, "num_requests_running") == 0 and total(m, "num_requests_waiting") == 0:
+            return m
+        assert time.time() < deadline, "requests still running"
+        time.sleep(0.05)
+
+
+PROMPTS = ["Write a short poem about the sea.", "Name three prime numbers and say why they are prime.",
+           "Translate to French: the cat sits on the mat.",
+           "Repeat this line twice: the quick brown fox jumps over the lazy dog.",
+           "Summarize in one sentence: the council kept the old bridge open to cyclists while a new one is built."]
+
+
+def post(url: str, path: str, body: dict, timeout: float = 120) -> httpx.Response:
+    return httpx.post(url + path, json=body, timeout=timeout)
+
+
+def test_chat_and_completions_answer_with_usage_streamed_and_not(server, model):
+    body = {"model": MODEL, "messages": [{"role": "user", "content": PROMPTS[0]}], "max_tokens": 24,
+            "temperature": 0, "return_token_ids": True}
+    whole = post(server, "/v1/chat/completions", body).json()
+    choice = whole["choices"][0]
+    assert choice["token_ids"] == solo(model, PROMPTS[0], 24)
+    assert choice["message"]["content"] == model.tokenizer.decode(choice["token_ids"], skip_special_tokens=True)
+    assert whole["usage"]["completion_tokens"] == len(choice["token_ids"])
+    assert whole["usage"]["prompt_tokens"] == len(chat_ids(model, PROMPTS[0]))
+
+    with httpx.stream("POST", server + "/v1/chat/completions", timeout=120,
+                      json=body | {"stream": True, "stream_options": {"include_usage": True}}) as r:
+        assert r.headers["content-type"].startswith("text/event-stream")
+        events = [line[5:].strip() for line in r.iter_lines() if line.startswith("data:")]
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+    assert "".join(c["choices"][0]["delta"].get("content", "") for c in chunks if c["choices"]) == \
+        choice["message"]["content"]
+    assert sum((c["choices"][0].get("token_ids") or [] for c in chunks if c["choices"]), []) == choice["token_ids"]
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == len(choice["token_ids"])
+    assert [c["choices"][0]["finish_reason"] for c in chunks[:-1]][-1] == choice["finish_reason"] == "length"
+
+    ids = chat_ids(model, PROMPTS[1])
+    text = post(server, "/v1/completions", {"prompt": ids, "max_tokens": 16, "temperature": 0,
+                                            "return_token_ids": True}).json()
+    assert text["object"] == "text_completion"
+    assert text["choices"][0]["token_ids"] == solo(model, PROMPTS[1], 16)
+    listed = httpx.get(server + "/v1/models").json()["data"]
+    assert [m["id"] for m in listed] == [MODEL]
+
+
+def test_concurrent_clients_get_their_solo_output(server, model):
+    """Greedy and seeded, speculative or not, 12 clients at once on 4 rows: each answer is its
+    solo `generate` output, token for token."""
+    cases = [(p, sampling, spec) for p in PROMPTS[:3]
+             for sampling in ({"temperature": 0}, {"temperature": 0.8, "seed": 11}) for spec in (True, False)]
+
+    async def one(client, prompt, sampling, spec):
+        r = await client.post(server + "/v1/chat/completions", json={
+            "messages": [{"role": "user", "content": prompt}], "max_tokens": 32, "return_token_ids": True,
+            "speculative": spec, **sampling}, timeout=300)
+        assert r.status_code == 200, r.text
+        return r.json()["choices"][0]["token_ids"]
+
+    async def all_at_once():
+        async with httpx.AsyncClient() as client:
+            return await asyncio.gather(*(one(client, *c) for c in cases))
+
+    got = asyncio.run(all_at_once())
+    for (prompt, sampling, spec), ids in zip(cases, got):
+        assert ids == solo(model, prompt, 32, **sampling), (prompt, sampling, spec)
+
+
+BAD = [({"messages": "hi"}, "messages"), ({"messages": [{"role": "user", "content": 3}]}, "messages"),
+       ({"messages": [{"role": "user", "content": "hi"}], "model": f"{MODEL}-draft"}, "model"),
+       ({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 0}, "max_tokens"),
+       ({"messages": [{"role": "user", "content": "hi"}], "max_tokens": "9"}, "max_tokens"),
+       ({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 5000}, "max_tokens"),
+       ({"messages": [{"role": "user", "content": "hi " * 1100}], "max_tokens": 4}, "messages"),
+       ({"messages": [{"role": "user", "content": "hi"}], "temperature": -1}, "temperature"),
+       ({"messages": [{"role": "user", "content": "hi"}], "top_p": 2}, "top_p"),
+       ({"messages": [{"role": "user", "content": "hi"}], "seed": -3}, "seed"),
+       ({"messages": [{"role": "user", "content": "hi"}], "n": 2}, "n"),
+       ({"messages": [{"role": "user", "content": "hi"}], "speculative": "no"}, "speculative"),
+       ({"messages": [{"role": "user", "content": "hi"}], "stop": ["\n"]}, "stop"),
+       ({"messages": [{"role": "user", "content": "hi"}], "frobnicate": 1}, "frobnicate")]
+
+
+def test_bad_requests_get_400_naming_the_field_before_any_compute(server):
+    before = idle(server)
+    for body, field in BAD:
+        r = post(server, "/v1/chat/completions", body)
+        assert r.status_code == 400, (body, r.text)
+        assert r.json()["error"]["param"] == field, (body, r.json())
+        assert field.split("_")[0] in r.json()["error"]["message"], r.json()
+    for raw in (b"{not json", b"[1, 2]", b"\xff\xfe"):
+        r = httpx.post(server + "/v1/completions", content=raw, timeout=10)
+        assert r.status_code == 400 and r.json()["error"]["message"], raw
+    r = post(server, "/v1/completions", {"prompt": [], "max_tokens": 4})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "prompt"
+    after = metrics(server)
+    for name in ("prompt_tokens_total", "generation_tokens_total", "request_success_total"):
+        assert total(after, name) == total(before, name), name  # nothing ran, nothing was queued
+
+
+def test_metrics_equal_the_counts(server):
+    before = idle(server)
+    answers = [post(server, "/v1/chat/completions", {"messages": [{"role": "user", "content": p}], "max_tokens": 40,
+                                                     "temperature": 0}).json() for p in PROMPTS]
+    after = metrics(server)
+    usage = [a["usage"] for a in answers]
+
+    def delta(name, **labels):
+        return total(after, name, **labels) - total(before, name, **labels)
+    assert delta("prompt_tokens_total") == sum(u["prompt_tokens"] for u in usage)
+    assert delta("generation_tokens_total") == sum(u["completion_tokens"] for u in usage)
+    assert delta("spec_decode_num_draft_tokens_total") == sum(u["speculation"]["drafted"] for u in usage) > 0
+    assert delta("spec_decode_num_accepted_tokens_total") == sum(u["speculation"]["accepted"] for u in usage) > 0
+    assert delta("spec_decode_num_accepted_tokens_per_pos_total", position=0) <= delta("spec_decode_num_drafts_total")
+    assert delta("request_success_total") == len(PROMPTS)
+    reasons = [a["choices"][0]["finish_reason"] for a in answers]
+    for reason in set(reasons):
+        assert delta("request_success_total", finished_reason=reason) == reasons.count(reason)
+
+
+def test_a_full_queue_gets_429_and_every_other_request_is_answered(server):
+    """4 rows and 8 places in the queue: of 20 requests at once, those past the 12th are
+    refused at once with 429; none waits unbounded, none is lost."""
+    async def one(client, i):
+        r = await client.post(server + "/v1/completions", json={
+            "prompt": f"Count from {i}:", "max_tokens": 48, "temperature": 0, "ignore_eos": True}, timeout=300)
+        return r.status_code, r.json()
+
+    async def burst():
+        async with httpx.AsyncClient(limits=httpx.Limits(max_connections=32)) as client:
+            return await asyncio.gather(*(one(client, i) for i in range(20)))
+
+    before = idle(server)
+    got = asyncio.run(burst())
+    codes = [c for c, _ in got]
+    assert set(codes) <= {200, 429} and codes.count(429) >= 1 and codes.count(200) >= 12, codes
+    for code, body in got:
+        if code == 429:
+            assert "queue" in body["error"]["message"]
+        else:
+            assert body["usage"]["completion_tokens"] == 48
+    assert total(metrics(server), "request_success_total") - total(before, "request_success_total") == \
+        codes.count(200)
+
+
+def test_a_client_that_disconnects_cancels_its_request(server):
+    before = idle(server)
+    long = {"messages": [{"role": "user", "content": "Tell me a very long story."}], "max_tokens": 900,
+            "temperature": 0, "ignore_eos": True}
+    with httpx.stream("POST", server + "/v1/chat/completions", json=long | {"stream": True}, timeout=60) as r:
+        for i, _ in enumerate(r.iter_lines()):
+            if i > 4:
+                break  # leaving the block closes the connection
+    with pytest.raises(httpx.ReadTimeout):  # not streamed: the client gives up waiting
+        post(server, "/v1/chat/completions", long, timeout=1.0)
+    after = idle(server)  # both rows are freed long before 900 tokens
+    assert total(after, "request_success_total", finished_reason="cancelled") - \
+        total(before, "request_success_total", finished_reason="cancelled") == 2
+    assert total(after, "generation_tokens_total") - total(before, "generation_tokens_total") < 2 * 900
+
+
+def test_shutdown_finishes_what_is_in_flight_and_exits_cleanly():
+    proc, url = start("--max-batch", "2", "--context", "512")
+    body = {"prompt": "Once upon a time", "max_tokens": 64, "temperature": 0, "ignore_eos": True, "stream": True}
+    with httpx.stream("POST", url + "/v1/completions", json=body, timeout=60) as r:
+        lines = r.iter_lines()
+        next(lines)
+        proc.send_signal(signal.SIGTERM)  # mid-stream: the request still gets all its tokens
+        events = [line[5:].strip() for line in lines if line.startswith("data:")]
+    assert events[-1] == "[DONE]"
+    assert json.loads(events[-2])["choices"][0]["finish_reason"] == "length"
+    assert proc.wait(timeout=60) == 0
+    assert "stopped" in proc.stderr.read()
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(url + "/health", timeout=2)
+
+
+def test_shutdown_cancels_what_outlasts_its_timeout():
+    proc, url = start("--max-batch", "2", "--context", "2048", "--shutdown-timeout", "1")
+    body = {"prompt": "Once upon a time", "max_tokens": 2000, "temperature": 0, "ignore_eos": True, "stream": True}
+    t0 = time.time()
+    with httpx.stream("POST", url + "/v1/completions", json=body, timeout=60) as r:
+        lines = r.iter_lines()
+        next(lines)
+        proc.send_signal(signal.SIGTERM)
+        with pytest.raises(httpx.RemoteProtocolError):  # the stream is cut, not finished
+            list(lines)
+    assert proc.wait(timeout=60) == 0
+    assert time.time() - t0 < 60  # 2000 tokens would take longer
+
+
+def test_it_binds_127_0_0_1_unless_told_and_refuses_bad_flags():
+    from specdec.cli import build_parser, main
+
+    assert build_parser().parse_args(["serve"]).host == "127.0.0.1"
+    for argv in (["serve", "--port", "70000"], ["serve", "--max-batch", "0"]):
+        with pytest.raises(SystemExit) as e:
+            main(argv)
+        assert e.value.code == 2
+    assert main(["serve", "--engine", "llama.cpp"]) == 2  # before loading anything
+
+
+def test_soak_memory_flat_and_nothing_lost():
+    """Two thousand requests, mixed lengths, streamed and not, one in ten cancelled by its
+    client: every request is answered, refused with a reason or cancelled; the server's RSS
+    after the second thousand is within a few MB of what it was after the first."""
+    proc, url = start("--max-batch", "8", "--context", "256", "--queue-size", "64")
+    rng = random.Random(0)
+
+    def rss() -> int:
+        with open(f"/proc/{proc.pid}/status") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("VmRSS")) // 1024
+
+    async def one(client, i):
+        body = {"prompt": f"{i}: " + "word " * rng.randint(1, 60), "max_tokens": rng.randint(1, 12),
+                "temperature": rng.choice([0, 0.7]), "seed": i, "stream": rng.random() < 0.5,
+                "speculative": rng.random() < 0.8}
+        call = client.post(url + "/v1/completions", json=body, timeout=120)
+        if rng.random() < 0.1:
+            task = asyncio.ensure_future(call)
+            await asyncio.sleep(rng.random() * 0.05)
+            task.cancel()
+            try:
+                await task
+                return "answered"
+            except asyncio.CancelledError:
+                return "cancelled"
+        r = await call
+        if r.status_code == 200:
+            text = r.text
+            assert ("[DONE]" in text) if body["stream"] else r.json()["usage"]["completion_tokens"] >= 1
+            return "answered"
+        assert r.status_code == 429 and "queue" in r.json()["error"]["message"], r.text
+        return "refused"
+
+    async def thousand(client, start):
+        gate = asyncio.Semaphore(24)
+
+        async def gated(i):
+            async with gate:
+                return await one(client, i)
+        return await asyncio.gather(*(gated(i) for i in range(start, start + 1000)))
+
+    async def soak():
+        async with httpx.AsyncClient(limits=httpx.Limits(max_connections=32)) as client:
+            first = await thousand(client, 0)
+            mid = rss()
+            second = await thousand(client, 1000)
+            return first + second, mid
+
+    try:
+        outcomes, mid = asyncio.run(soak())
+        m = idle(url)
+        end = rss()
+        assert len(outcomes) == 2000 and set(outcomes) <= {"answered", "refused", "cancelled"}
+        ended = total(m, "request_success_total")
+        answered = outcomes.count("answered")
+        # Each admitted request ended once, with a reason; a cancelled client's request may have
+        # been admitted or refused before it went.
+        assert answered <= ended <= answered + outcomes.count("cancelled"), (ended, outcomes.count("answered"))
+        assert end - mid < 32, (mid, end)
+    finally:
+        assert stop(proc) == 0
