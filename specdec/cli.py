@@ -199,8 +199,11 @@ def cmd_serve(args) -> int:
     drafter = make_drafter(draft, target, args.dtype, args.engine, store)
     batcher = Batcher(target, drafter, max_batch=args.max_batch, context=args.context, queue_size=args.queue_size,
                       num_draft_tokens=args.num_draft_tokens)
-    serve(batcher, str(args.model), args.host, args.port, args.shutdown_timeout,
-          log=lambda text: print(text, file=sys.stderr, flush=True))
+    try:
+        serve(batcher, str(args.model), args.host, args.port, args.shutdown_timeout,
+              log=lambda text: print(text, file=sys.stderr, flush=True))
+    except OSError as exc:
+        raise CLIError(str(exc)) from None
     return 0
 
 
@@ -321,7 +324,7 @@ def cmd_bench(args) -> int:
                    per_category=args.per_category, max_tokens=args.max_tokens, trials=args.trials, ks=args.ks,
                    peers=not args.no_peers, llama_cpp_peers=not args.no_llama_cpp, temperature=args.temperature,
                    top_k=args.top_k, top_p=args.top_p, batch_sizes=args.batch_sizes, endpoints=args.endpoint,
-                   concurrency=args.concurrency, ignore_eos=args.ignore_eos or None,
+                   concurrency=args.concurrency, request_rate=args.request_rate, ignore_eos=args.ignore_eos or None,
                    request_timeout=args.request_timeout)
     cfg = BenchConfig.quick_config(**options) if args.quick else BenchConfig(
         **{k: v for k, v in options.items() if v is not None})
@@ -450,6 +453,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "(the first is the baseline)")
     b.add_argument("--concurrency", type=_positive_ints, default=None, help="with --endpoint: requests in flight, "
                    "per level, e.g. 1,4,16 (default 1)")
+    b.add_argument("--request-rate", type=_float, default=None, help="with --endpoint: requests arrive as a Poisson "
+                   "process of this many a second, at most --concurrency in flight, the same arrival times for every "
+                   "endpoint (default: a closed loop, each level's requests all sent at once)")
     b.add_argument("--ignore-eos", action="store_true", help="with --endpoint: ask the servers to write max-tokens "
                    "tokens every time (ignore_eos)")
     b.add_argument("--request-timeout", type=_float, default=None, help="with --endpoint: seconds per request "

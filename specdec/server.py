@@ -27,7 +27,7 @@ from .request import check_request
 COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stream", "stream_options", "n",
           "ignore_eos", "speculative", "return_token_ids", "user"}
 FIELDS = {"chat": COMMON | {"messages", "max_completion_tokens"}, "text": COMMON | {"prompt"}}
-FINISH = {"eos": "stop", "length": "length"}  # our reasons -> OpenAI's
+FINISH = {"eos": "stop", "length": "length", "cancelled": "abort"}  # our reasons -> OpenAI's (and vLLM's metrics')
 
 
 class BadRequest(Exception):
@@ -319,25 +319,41 @@ async def _disconnected(request: HTTPRequest) -> None:
 
 def serve(batcher: Batcher, name: str, host: str = "127.0.0.1", port: int = 8000, shutdown_timeout: float = 30.0,
           log=print) -> None:
-    """Run until SIGINT or SIGTERM: then take nothing new, finish what is in flight for up to
-    `shutdown_timeout` seconds, cancel the rest, and return."""
+    """Serve until SIGINT or SIGTERM; then take nothing new, let what is in flight finish for up
+    to `shutdown_timeout` seconds, cancel the rest, and return. The engine runs on this thread
+    (the one that loaded the model: Batcher.run says why), HTTP on another."""
     import signal
+    import threading
 
     import uvicorn
 
-    server = Server(batcher, name)
-    config = uvicorn.Config(server.app(), host=host, port=port, log_level="warning",
-                            timeout_graceful_shutdown=shutdown_timeout)
-    # uvicorn raises the signal that stopped it again once it has shut down; by then the
-    # shutdown is done, so that second one is ignored and the command returns normally.
-    before = {sig: signal.signal(sig, lambda *_: None) for sig in (signal.SIGINT, signal.SIGTERM)}
-    batcher.start()
-    log(f"specdec: serving {name} on http://{host}:{port} ({batcher.max_batch} rows, context {batcher.context}, "
-        f"draft {batcher.drafter!r})")
+    http = uvicorn.Server(uvicorn.Config(Server(batcher, name).app(), host=host, port=port, log_level="warning",
+                                         timeout_graceful_shutdown=shutdown_timeout))
+
+    def on_signal(sig, _):
+        http.force_exit = http.should_exit  # a second one: stop waiting for what is in flight
+        http.should_exit = True
+
+    def listen():
+        try:
+            http.run()  # off the main thread uvicorn installs no signal handlers: on_signal is ours
+        finally:
+            batcher.close(cancel=True)  # what outlasted the graceful shutdown
+
+    before = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    thread = threading.Thread(target=listen, name="specdec-http")
+    thread.start()
+    while not http.started and thread.is_alive():
+        time.sleep(0.01)
     try:
-        uvicorn.Server(config).run()
+        if not http.started:
+            raise OSError(f"cannot listen on {host}:{port} (in use, or not an address of this machine)")
+        log(f"specdec: serving {name} on http://{host}:{port} ({batcher.max_batch} rows, context "
+            f"{batcher.context}, draft {batcher.drafter!r})")
+        batcher.run()
     finally:
-        batcher.stop(drain=False)
+        http.should_exit = True
+        thread.join()
         for sig, handler in before.items():
             signal.signal(sig, handler)
     log("specdec: stopped")

@@ -16,7 +16,7 @@ import time
 import httpx
 import pytest
 
-from specdec.bench.serving import parse_metrics
+from specdec.bench.serving import parse_metrics, poisson_arrivals, speculation_from_counters
 
 from test_serving import free_port
 from tiny import needs_model
@@ -159,6 +159,18 @@ def test_concurrent_clients_get_their_solo_output(server, model):
         assert ids == solo(model, prompt, 32, **sampling), (prompt, sampling, spec)
 
 
+def test_defaults_temperature_1_and_the_rest_of_the_context(server, model):
+    """Without temperature a request samples at 1.0 (OpenAI's default); without max_tokens it may
+    use the rest of the context (1024 here), and no more."""
+    body = {"messages": [{"role": "user", "content": PROMPTS[2]}], "seed": 5, "max_tokens": 16, "return_token_ids": True}
+    got = post(server, "/v1/chat/completions", body).json()["choices"][0]["token_ids"]
+    assert got == solo(model, PROMPTS[2], 16, temperature=1.0, seed=5)
+    long = model.tokenizer.decode(list(range(1000, 2010)))
+    ids = model.tokenizer(long)["input_ids"][:1010]
+    r = post(server, "/v1/completions", {"prompt": ids, "temperature": 0, "ignore_eos": True}).json()
+    assert r["usage"]["completion_tokens"] == 1024 - 1010 and r["choices"][0]["finish_reason"] == "length"
+
+
 BAD = [({"messages": "hi"}, "messages"), ({"messages": [{"role": "user", "content": 3}]}, "messages"),
        ({"messages": [{"role": "user", "content": "hi"}], "model": f"{MODEL}-draft"}, "model"),
        ({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 0}, "max_tokens"),
@@ -206,6 +218,10 @@ def test_metrics_equal_the_counts(server):
     assert delta("spec_decode_num_accepted_tokens_total") == sum(u["speculation"]["accepted"] for u in usage) > 0
     assert delta("spec_decode_num_accepted_tokens_per_pos_total", position=0) <= delta("spec_decode_num_drafts_total")
     assert delta("request_success_total") == len(PROMPTS)
+    spec = speculation_from_counters(before, after)  # as `specdec bench --endpoint` reads them
+    assert spec["source"] == "specdec:spec_decode"
+    assert spec["draft_tokens"] == sum(u["speculation"]["drafted"] for u in usage)
+    assert spec["accepted"] == sum(u["speculation"]["accepted"] for u in usage)
     reasons = [a["choices"][0]["finish_reason"] for a in answers]
     for reason in set(reasons):
         assert delta("request_success_total", finished_reason=reason) == reasons.count(reason)
@@ -247,8 +263,8 @@ def test_a_client_that_disconnects_cancels_its_request(server):
     with pytest.raises(httpx.ReadTimeout):  # not streamed: the client gives up waiting
         post(server, "/v1/chat/completions", long, timeout=1.0)
     after = idle(server)  # both rows are freed long before 900 tokens
-    assert total(after, "request_success_total", finished_reason="cancelled") - \
-        total(before, "request_success_total", finished_reason="cancelled") == 2
+    assert total(after, "request_success_total", finished_reason="abort") - \
+        total(before, "request_success_total", finished_reason="abort") == 2
     assert total(after, "generation_tokens_total") - total(before, "generation_tokens_total") < 2 * 900
 
 
@@ -354,3 +370,20 @@ def test_soak_memory_flat_and_nothing_lost():
         assert end - mid < 32, (mid, end)
     finally:
         assert stop(proc) == 0
+
+
+def test_poisson_arrivals_are_a_poisson_process_the_same_for_every_endpoint():
+    import numpy as np
+
+    from specdec.bench.runner import BenchConfig
+
+    a = poisson_arrivals(4000, 5.0, seed=1)
+    assert a == poisson_arrivals(4000, 5.0, seed=1) and a[0] == 0.0
+    gaps = np.diff(a)
+    assert (gaps > 0).all()
+    assert abs(gaps.mean() - 0.2) < 0.01  # mean gap 1/rate
+    assert abs(gaps.std() / gaps.mean() - 1.0) < 0.05  # exponential gaps: coefficient of variation 1
+    assert poisson_arrivals(3, None, seed=0) == [0.0, 0.0, 0.0]  # a closed loop sends all at once
+    for bad in (0, -1.0, float("inf")):
+        with pytest.raises(ValueError, match="request rate"):
+            BenchConfig(endpoints=["a=http://x"], request_rate=bad).validate()

@@ -441,7 +441,7 @@ SERVING_HEADER = ["concurrency", "endpoint", "tok/s (all requests)", "TTFT p50 m
 
 def _md_serving(report: dict) -> list[str]:
     s = report["serving"]
-    lines = ["## Serving endpoints", ""] + _table(
+    lines = ["## Serving endpoints", "", f"Arrivals: {s.get('arrivals', 'closed loop')}.", ""] + _table(
         ["endpoint", "URL", "model", "server"], [[e["name"], e["url"], e["model"] or DASH, e["kind"]]
                                                   for e in s["endpoints"]])
     for name, p in s["paired"].items():

@@ -66,6 +66,7 @@ class BenchConfig:
     # Serving endpoints (bench/serving.py) instead of local models: "NAME=URL" each.
     endpoints: list[str] | None = None
     concurrency: list[int] = field(default_factory=lambda: [1])  # requests in flight, per level
+    request_rate: float | None = None  # Poisson arrivals of this many requests a second (None: a closed loop)
     ignore_eos: bool = False  # fix the output length at max_tokens, where the server supports it
     request_timeout: float = 300.0  # seconds, per request
     quick: bool = False
@@ -104,6 +105,9 @@ class BenchConfig:
         if not self.concurrency or any(not isinstance(c, int) or isinstance(c, bool) or c < 1 for c in self.concurrency):
             raise ValueError(f"concurrency levels must be integers >= 1, got {self.concurrency}")
         self.concurrency = sorted(set(self.concurrency))
+        if self.request_rate is not None and not (isinstance(self.request_rate, (int, float)) and
+                                                  0 < self.request_rate < float("inf")):
+            raise ValueError(f"request rate must be a positive number of requests a second, got {self.request_rate}")
         if not self.request_timeout > 0:
             raise ValueError(f"request timeout must be > 0 seconds, got {self.request_timeout}")
         if self.threads is not None and self.threads < 1:

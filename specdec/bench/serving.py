@@ -3,7 +3,9 @@
 `specdec bench --endpoint plain=URL --endpoint spec=URL` sends the same prompts to each
 OpenAI-compatible `/v1/chat/completions` endpoint with `stream: true` and
 `stream_options.include_usage`, the same max_tokens, temperature and seed, and timestamps
-every streamed chunk as it arrives (httpx, asynchronously).
+every streamed chunk as it arrives (httpx, asynchronously). Requests come in a closed loop
+(each level's all sent at once, `level` in flight) or, with a request rate, as a Poisson
+process, at most `level` in flight, at the same times for every endpoint.
 
 Per request: TTFT (first content chunk); TPOT = (end - TTFT) / (completion_tokens - 1), with
 completion_tokens from `usage`; inter-chunk latency, kept apart from TPOT (vLLM and SGLang
@@ -239,7 +241,7 @@ async def _run(endpoints, prompts, cfg, log, progress: bool) -> dict:
             for trial in range(cfg.trials):
                 tagged = [[{"role": "user", "content": (f"(request {trial}) " if trial else "") + p.turns[0]}]
                           for p in prompts]
-                if level == 1:  # interleaved per prompt, in balanced orders
+                if level == 1 and not cfg.request_rate:  # interleaved per prompt, in balanced orders
                     for i, messages in enumerate(tagged):
                         for c in interleaved_order(clients, trial * len(tagged) + i):
                             r = await c.complete(messages, **sp)
@@ -247,15 +249,16 @@ async def _run(endpoints, prompts, cfg, log, progress: bool) -> dict:
                             walls[c.ep.name] += r["seconds"]
                             bar.update()
                 else:  # each endpoint under `level` requests in flight, in a balanced order per trial
+                    arrivals = poisson_arrivals(len(tagged), cfg.request_rate, seed=trial)
                     for c in interleaved_order(clients, trial):
-                        gate = asyncio.Semaphore(level)
+                        gate, t0 = asyncio.Semaphore(level), time.perf_counter()
 
-                        async def one(i, messages, c=c, gate=gate):
+                        async def one(i, messages, c=c, gate=gate, t0=t0):
+                            await asyncio.sleep(max(0.0, t0 + arrivals[i] - time.perf_counter()))
                             async with gate:
                                 r = await c.complete(messages, **sp)
                             bar.update()
                             return r | {"prompt": prompts[i].id, "trial": trial}
-                        t0 = time.perf_counter()
                         results[c.ep.name] += await asyncio.gather(*(one(i, m) for i, m in enumerate(tagged)))
                         walls[c.ep.name] += time.perf_counter() - t0
             after = {c.ep.name: await c.metrics() for c in clients}
@@ -266,12 +269,22 @@ async def _run(endpoints, prompts, cfg, log, progress: bool) -> dict:
             records += [{k: v for k, v in r.items() if k != "chunks"} | {"endpoint": name, "concurrency": level}
                         for name, rs in results.items() for r in rs]
         bar.close()
-        return {"endpoints": [{"name": c.ep.name, "url": c.ep.url, "model": c.ep.model, "kind": c.kind}
+        return {"arrivals": f"Poisson, {cfg.request_rate:g} requests/s" if cfg.request_rate else "closed loop",
+                "endpoints": [{"name": c.ep.name, "url": c.ep.url, "model": c.ep.model, "kind": c.kind}
                               for c in clients],
                 "levels": levels, "paired": paired(records, [c.ep.name for c in clients], min(cfg.concurrency),
                                   {p.id: p.category for p in prompts}),
                 "records": records,
                 "prompts": [p.id for p in prompts]}
+
+
+def poisson_arrivals(n: int, rate: float | None, seed: int) -> list[float]:
+    """Seconds after the start at which each of n requests is sent: all at once without a rate,
+    else a Poisson process (exponential gaps of mean 1/rate), the same for every endpoint."""
+    if not rate:
+        return [0.0] * n
+    gaps = np.random.default_rng(seed).exponential(1.0 / rate, n - 1)
+    return [0.0] + np.cumsum(gaps).tolist()
 
 
 def paired(records: list[dict], names: list[str], level: int, categories: dict[str, str]) -> dict:
