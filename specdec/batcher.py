@@ -85,7 +85,7 @@ class Batcher:
         if self.drafter is not None and not self.drafter.batches:
             raise ValueError(f"the draft ({self.drafter!r}) runs one prompt at a time; serving needs a draft that "
                              "batches")
-        self.schedule = as_schedule(num_draft_tokens, auto_k_max(model, max_batch))
+        self.schedule = as_schedule(num_draft_tokens, auto_k_max(model, max_batch), model.pass_tile)
         # As in speculative_generate: where rows are not invariant, clocks must not choose the blocks.
         self.fixed = None if model.row_invariant else FixedCosts(*model.block_cost)
         self.model.reset_batch(self.context, max_batch)

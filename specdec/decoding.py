@@ -75,14 +75,14 @@ def speculative_generate(model, draft, tokenizer, prompt, max_tokens: int, *, nu
     as in `generate`: one Generation per row, each exactly the row's own single run. Each row
     accepts its own number of drafts a step (ragged acceptance); one verify pass a step scores
     every live row's block; a finished row drops out of the passes. With "auto" the schedule
-    chooses one k a step for the whole batch, for the most tokens per second over all rows.
+    chooses each row's k a step, for the most tokens per second over all rows.
 
     A draft model's own context limits only the draft: past it, a step drafts nothing (a
     plain decoding step, counted in `stats.plain_steps`) and the output is unchanged."""
     model = as_language_model(model, tokenizer)
     run = Run(model, tokenizer, prompt, max_tokens, temperature, top_k, top_p, seed, chat, stream)
     drafter = for_target(as_drafter(draft, tokenizer), model, tokenizer)  # bridged, or refused, here
-    schedule = as_schedule(num_draft_tokens, auto_k_max(model, run.size))
+    schedule = as_schedule(num_draft_tokens, auto_k_max(model, run.size), model.pass_tile)
     # Where the target's rows round differently with a block's size, clocks must not choose the
     # blocks (schedule.py): the same inputs then give the same output.
     fixed = None if model.row_invariant else FixedCosts(*model.block_cost)

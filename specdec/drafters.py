@@ -1,7 +1,8 @@
 """Drafters: cheap proposers of the next few tokens.
 
 A drafter sees the accepted sequence (prompt + generated so far, whose last token the
-target has not run yet) and proposes up to k tokens. A sampled model draft draws each with
+target has not run yet) and proposes up to k tokens; between a row's prefills its sequence
+only grows. A sampled model draft draws each with
 the row's noise at that token's position (sampling.Noise), as the target will. It drafts
 for B rows at once (a batch; B = 1 for one prompt), each with its own state:
 
@@ -87,14 +88,14 @@ class _Lookup(Drafter):
         super().begin(capacity, batch)
         self._last = {}
 
-    def _search(self, ids):
+    def _search(self, ids, row=0):
         raise NotImplementedError
 
     def _match(self, ids, row):
         last = self._last.get(row)
         if last is None or last[0] is not ids or last[1] != len(ids):
             start = time.perf_counter()
-            last = self._last[row] = ids, len(ids), self._search(ids)
+            last = self._last[row] = ids, len(ids), self._search(ids, row)
             self.seconds += time.perf_counter() - start
         return last[2]
 
@@ -112,9 +113,31 @@ class NgramDrafter(_Lookup):
         if not 1 <= min_ngram <= max_ngram:
             raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
+        self._arrays: dict[int, tuple[np.ndarray, int]] = {}
 
-    def _search(self, ids):
-        return find_match(np.asarray(ids), self.max_ngram, self.min_ngram)
+    def begin(self, capacity: int, batch: int = 1) -> None:
+        super().begin(capacity, batch)
+        self._arrays: dict[int, tuple[np.ndarray, int]] = {}
+
+    def prefill(self, prompts, rows=None):
+        for row in range(len(prompts)) if rows is None else rows:
+            self._arrays.pop(row, None)
+
+    def _search(self, ids, row=0):
+        return find_match(self._array(ids, row), self.max_ngram, self.min_ngram)
+
+    def _array(self, ids, row) -> np.ndarray:
+        """ids as an array, from a buffer per row that only appends what is new: a row's
+        accepted sequence only grows (on 2 cores, converting a 400-token list took 19 us of a
+        25 us search)."""
+        buf, n = self._arrays.get(row, (None, 0))
+        if buf is None or n > len(ids) or any(buf[i] != ids[i] for i in {0, n // 2, n - 1} if n):
+            buf, n = np.empty(max(2 * len(ids), 256), dtype=np.int64), 0
+        if len(ids) > len(buf):
+            buf = np.concatenate([buf[:n], np.empty(len(ids), dtype=np.int64)])
+        buf[n:len(ids)] = ids[n:]
+        self._arrays[row] = (buf, len(ids))
+        return buf[:len(ids)]
 
     def sources(self, ids, row=0):
         # A longer matched n-gram is a better bet: each length is a source of its own.
@@ -164,7 +187,7 @@ class DatastoreDrafter(_Lookup):
         self.store = store if isinstance(store, Datastore) else Datastore.load(store)
         self.vocab_size = self.store.vocab_size
 
-    def _search(self, ids):
+    def _search(self, ids, row=0):
         return self.store.match(ids)
 
     def sources(self, ids, row=0):

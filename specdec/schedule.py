@@ -9,7 +9,8 @@ sure to match too, so p_2.. is far above p_1 and long blocks pay. It picks the k
 0..k_max with the most expected tokens per second, from estimates it keeps as the loop
 runs: each p_i as an exponentially weighted hit rate (shrunk towards p_{i-1} while
 position i has few observations), t_draft per drafted token, and t_verify(k) as a line
-fitted to the verify passes measured so far.
+fitted to the verify passes measured so far (with a step at each tile of rows where the
+engine computes a pass's rows a tile at a time). In a batch each row gets its own k.
 
 Statistics are kept per *source*: prompt lookup (free, right in runs, and the more
 often the longer the matched n-gram) and a model draft (costly, right ~1/3 of the time)
@@ -43,6 +44,8 @@ from __future__ import annotations
 import math
 from collections import Counter
 from dataclasses import dataclass, field
+
+import numpy as np
 
 
 def expected_tokens_per_step(alpha: float, k: int) -> float:
@@ -93,10 +96,12 @@ class AdaptiveK:
     PRIOR_WEIGHT = 2.0  # pseudo-observations behind the prior (p_{i-1} for p_i); they decay like real ones
     PROBE_COST = 0.1  # a probe's extra cost, in plain passes, up to which probe_every holds as it is
 
-    def __init__(self, k_max: int = K_MAX, decay: float = 0.95, probe_every: int = 8, max_probe_every: int = 128):
+    def __init__(self, k_max: int = K_MAX, decay: float = 0.95, probe_every: int = 8, max_probe_every: int = 128,
+                 tile: int | None = None):
         if k_max < 1:
             raise ValueError(f"k_max must be >= 1, got {k_max}")
         self.k_max, self.decay = k_max, decay
+        self.tile = tile  # rows a pass computes at once (the engine's pass_tile), or None
         self.probe_every, self.max_probe_every = probe_every, max_probe_every
         self.sources: dict[str, SourceStats] = {}
         # Verify passes by their size in tokens: decayed count, and decayed sum of seconds.
@@ -151,9 +156,23 @@ class AdaptiveK:
             my = sum(wi * yi for wi, yi in zip(w, y)) / W
             var = sum(wi * (n - mn) ** 2 for wi, n in zip(w, ns))
             slope = max(0.0, sum(wi * (n - mn) * (yi - my) for wi, n, yi in zip(w, ns, y)) / var) if var else 0.0
-            self._verify_fit = (my - slope * mn, slope)
-        a, b = self._verify_fit
-        return max(a + b * tokens, one, 1e-9)  # no block costs less than one token
+            self._verify_fit = (my - slope * mn, slope, 0.0)
+            rounds = {-(-n // self.tile) for n in ns} if self.tile else set()
+            if len(rounds) > 1 and len(ns) > 2:  # passes of several rounds of rows: a step at each round
+                self._verify_fit = self._fit_rounds(ns, w, y) or self._verify_fit
+        a, b, per_round = self._verify_fit
+        rounds = -(-tokens // self.tile) if self.tile else 0
+        return max(a + b * tokens + per_round * rounds, one, 1e-9)  # no block costs less than one token
+
+    def _fit_rounds(self, ns, w, y) -> tuple[float, float, float] | None:
+        """(a, b, c) for a + b * tokens + c * rounds, by weighted least squares; None where a
+        coefficient comes out negative. A batch's pass computes its rows a tile at a time
+        (kernel.tile_rows), so its cost steps at each tile and grows little within one: on
+        the AMX VM, 16 rows 22.6 ms, 17 rows 24.3, 24 rows 25.1, 37 rows 33.3 (SmolLM2-135M)."""
+        x = np.array([[1.0, n, -(-n // self.tile)] for n in ns])
+        sw = np.sqrt(np.array(w))
+        coef = np.linalg.lstsq(x * sw[:, None], np.array(y) * sw, rcond=None)[0]
+        return None if (coef[1:] < 0).any() else tuple(float(c) for c in coef)
 
     def verify_time(self, k: int) -> float:
         """Seconds of one row's verify pass over 1 + k tokens."""
@@ -181,11 +200,12 @@ class AdaptiveK:
         """One (source, k) per row of a batch (rows[b]: the sources that can propose for row b;
         empty: a plain step), for the most expected tokens per second over the whole batch.
 
-        Every row drafts the same k (or none). A step costs k draft steps of the costliest
-        source it uses (a model draft runs its rows together) plus one verify pass over the
-        sum of 1 + k_b, so each candidate is a k and a cap on the draft cost: rows whose
-        sources all cost more than the cap take a plain step, the others their source with
-        the most expected tokens. With one row this is the best (source, k) for that row."""
+        A step costs the draft steps of the costliest source it uses (a model draft runs its
+        rows together) plus one verify pass over the sum of 1 + k_b. Each row gets its own k,
+        0 included: a row whose best source is a poor bet takes a plain step in the same pass
+        while a row copying a long match drafts many (`_allocate`). Candidate caps on the draft
+        cost decide which sources may draft at all. With one row this is the best (source, k)
+        for that row."""
         for sources in rows:
             for name in sources:
                 self._source(name).probing = False
@@ -211,27 +231,20 @@ class AdaptiveK:
             first = next((i for i, n in enumerate(s) if self.sources[n].t_draft is None), None)
             unmeasured.append(None if first is None or any(map(pays, s[:first])) or not pays(s[first])
                               else s[first])
-        groups = Counter(measured)  # rows with the same sources choose alike: score each kind once
-        best_rate, best = 0.0, (0, None)
-        for cap in sorted(cost, key=cost.get):
-            c = cost[cap]
-            allowed = [([n for n in s if cost[n] <= c], w) for s, w in groups.items()]
-            for k in range(self.k_max + 1):
-                got = size = 0.0
-                for names, w in allowed:
-                    if names:
-                        got += w * max(tokens[n][k] for n in names)
-                        size += w * (k + 1)
-                    else:
-                        got += w
-                        size += w
-                rate = got / (k * c + self.pass_time(size))
-                if rate > best_rate:
-                    best_rate, best = rate, (k, c)
-        k, c = best
-        plan = [max((n for n in s if cost[n] <= c), key=lambda n: tokens[n][k], default=None) if k else None
-                for s in measured]
-        best = [(n, k) if n else (s[0] if s else None, 0) for n, s in zip(plan, rows)]
+        groups = list(Counter(measured).items())  # rows with the same sources choose alike: score each kind once
+        # Caps on the draft cost: the sources cheaper than a quarter of a one-token pass (lookups)
+        # as one, then each costlier one (a model draft) with them.
+        cheap = max((c for c in cost.values() if c <= self.pass_time(1) / 4), default=None)
+        caps = sorted(({cheap} | {c for c in cost.values() if cheap is None or c > cheap}) - {None})
+        best_rate, choice = 0.0, {}
+        for cap in caps:
+            allowed = [[n for n in s if cost[n] <= cap] for s, _ in groups]
+            rate, ks = self._allocate([(names, w) for names, (_, w) in zip(allowed, groups)], tokens, cap)
+            if rate > best_rate:
+                best_rate = rate
+                choice = {s: (max(names, key=lambda n: tokens[n][k]), k)
+                          for (s, _), names, k in zip(groups, allowed, ks) if k}
+        best = [choice.get(m) or (r[0] if r else None, 0) for m, r in zip(measured, rows)]
         if any(unmeasured):
             return [(u, self.first_try()) if u else plan for u, plan in zip(unmeasured, best)]
         if all(k == 0 for _, k in best):  # plain decoding: count towards each source's next probe
@@ -252,6 +265,35 @@ class AdaptiveK:
                         probing.remove(name)
                 return plan
         return best
+
+    def _allocate(self, groups: list[tuple[list[str], int]], tokens: dict, cap: float) -> tuple[float, list[int]]:
+        """(expected tokens per second, k per group): groups[g] = (sources allowed, rows), rows
+        alike. One kind of row: the best k of all. Several: one more draft for a group adds its
+        expected tokens more, per row; these are taken best first (a group's k-th before its
+        (k+1)-th), and each prefix is a plan, scored with the step's time: the verify pass over
+        all rows' tokens, which may step at a tile of rows, and the cap for each draft step of
+        the deepest row. The best plan wins; the all-plain one competes too."""
+        rows = sum(w for _, w in groups)
+        curves = [[max(tokens[n][k] for n in names) for k in range(self.k_max + 1)] if names else [1.0]
+                  for names, _ in groups]
+
+        def rate_of(ks):
+            got = sum(w * c[k] for (_, w), c, k in zip(groups, curves, ks))
+            return got / (max(ks, default=0) * cap + self.pass_time(rows + sum(w * k for (_, w), k in zip(groups, ks))))
+
+        if len(groups) == 1:  # every k, the one-token pass's own cost included
+            return max((rate_of([k]), [k]) for k in range(len(curves[0])))
+        more = sorted(((c[k + 1] - c[k], g, k) for g, c in enumerate(curves) for k in range(len(c) - 1)),
+                      key=lambda m: -m[0])
+        ks = [0] * len(groups)
+        best_rate, best = rate_of(ks), list(ks)
+        for gain, g, k in more:
+            if ks[g] != k or gain <= 0:
+                continue
+            ks[g] += 1
+            if (rate := rate_of(ks)) > best_rate:
+                best_rate, best = rate, list(ks)
+        return best_rate, best
 
     def first_try(self) -> int:
         """k for a source's first try once some passes are measured: the k its prior (p = PRIOR
@@ -327,14 +369,14 @@ class FixedK:
         return f"FixedK({self.k})"
 
 
-def as_schedule(num_draft_tokens, k_max: int = AdaptiveK.K_MAX) -> "AdaptiveK | FixedK":
+def as_schedule(num_draft_tokens, k_max: int = AdaptiveK.K_MAX, tile: int | None = None) -> "AdaptiveK | FixedK":
     """The schedule `num_draft_tokens` names: "auto" (a fresh AdaptiveK of up to k_max drafts),
     an AdaptiveK as it is (it goes on learning), or an integer k >= 1."""
     k = num_draft_tokens
     if isinstance(k, (AdaptiveK, FixedK)):
         return k
     if isinstance(k, str) and k == "auto":
-        return AdaptiveK(k_max=k_max)
+        return AdaptiveK(k_max=k_max, tile=tile)
     if not isinstance(k, int) or isinstance(k, bool) or k < 1:
         raise ValueError(f"num_draft_tokens must be an integer >= 1, 'auto' or an AdaptiveK, got {k!r}")
     return FixedK(k)

@@ -345,15 +345,16 @@ def test_auto_is_the_default_k():
 
 def test_auto_keeps_one_row_within_the_engines_tile_of_rows(models, reference, monkeypatch):
     # An engine whose passes compute `pass_tile` rows at once (the AMX kernel: 16) gets a
-    # schedule that drafts at most pass_tile - 1 a step for one row; others the usual most.
+    # schedule that drafts at most pass_tile - 1 a step for one row; others the usual most. The
+    # schedule knows the tile (a batch's passes cost a step at each tile of rows).
     import specdec.decoding
     from specdec.schedule import as_schedule
 
     made = []
 
-    def recorded(num_draft_tokens, k_max):
-        made.append(k_max)
-        return as_schedule(num_draft_tokens, k_max)
+    def recorded(num_draft_tokens, k_max, tile):
+        made.append((k_max, tile))
+        return as_schedule(num_draft_tokens, k_max, tile)
 
     monkeypatch.setattr(specdec.decoding, "as_schedule", recorded)
     target = models["target"]
@@ -363,4 +364,4 @@ def test_auto_keeps_one_row_within_the_engines_tile_of_rows(models, reference, m
         res = speculative_generate(model, NgramDrafter(), None, PROMPTS["random"], MAX_TOKENS)
         assert res.token_ids == reference["random"]
     speculative_generate(tiled, NgramDrafter(), None, [PROMPTS["random"]] * 2, MAX_TOKENS)  # a batch: the sum matters
-    assert made == [AdaptiveK.K_MAX, 3, AdaptiveK.K_MAX]
+    assert made == [(AdaptiveK.K_MAX, target.pass_tile), (3, 4), (AdaptiveK.K_MAX, 4)]

@@ -224,3 +224,41 @@ def test_an_unmeasured_source_is_tried_unless_a_preferred_one_pays():
     assert plan[0][0] == "lookup3" and plan[0][1] > 2 and plan[1:] == [("model", first), (None, 0)]
     # Before any verify pass, every row starts modestly with its preferred source.
     assert AdaptiveK().choose_batch([("lookup3", "model"), ("model",)]) == [("lookup3", 2), ("model", 2)]
+
+
+def observed(s: AdaptiveK, source: str, p: float, t_draft: float = 1e-6) -> None:
+    st = s._source(source)
+    st.t_draft, st.tries, st.hits, st.prior = t_draft, [1000.0] * s.k_max, [1000.0 * p] * s.k_max, [0.0] * s.k_max
+
+
+def test_each_row_of_a_batch_gets_its_own_k():
+    """A row copying a long match drafts many; a row whose source is a poor bet takes a plain
+    step in the same pass (one k for all would make it draft too, or the good row stop)."""
+    s = AdaptiveK(k_max=8)
+    for size in range(2, 20):  # passes over 2..19 tokens, 3% of a one-token pass more a token
+        s.update_batch([("good", size - 2, 0), (None, 0, 0)], 0.0, T * (1 + 0.03 * size))
+    observed(s, "good", 0.9)
+    observed(s, "bad", 0.1)
+    plan = s.choose_batch([("good",), ("bad",), ("bad",), ("good",)])
+    assert plan[1] == plan[2] == ("bad", 0)
+    assert plan[0] == plan[3] and plan[0][0] == "good" and plan[0][1] >= 4
+
+
+def test_a_batch_pays_for_each_tile_of_rows_its_pass_starts():
+    """Where a pass computes its rows a tile at a time, the fitted cost steps at each tile: 16
+    rows drafting a little start a second tile for a few tokens, which a line through the
+    passes would price at a few percent; so 16 rows of middling drafts stay plain, and 8 draft."""
+    def cost(n):  # the AMX VM's shape: a step per tile of 16 rows, little within one
+        return T * (1 + 0.3 * (-(-n // 16) - 1) + 0.004 * n)
+
+    plans = {}
+    for tile in (16, None):
+        s = AdaptiveK(k_max=8, tile=tile)
+        for size in list(range(8, 50)) * 3:
+            s.update_batch([("mid", size - 1, 0)], 0.0, cost(size))
+        observed(s, "mid", 0.31)
+        assert s.pass_time(17) - s.pass_time(16) > (5 * (s.pass_time(24) - s.pass_time(23)) if tile else 0)
+        plans[tile] = (s.choose_batch([("mid",)] * 16), s.choose_batch([("mid",)] * 8))
+    sixteen, eight = plans[16]
+    assert all(k == 0 for _, k in sixteen) and all(k >= 1 for _, k in eight)
+    assert any(k for _, k in plans[None][0])  # the line alone makes 16 rows draft
