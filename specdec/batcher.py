@@ -70,6 +70,10 @@ class Counters:
 
 
 class Batcher:
+    """The target (a native model: it batches), its drafter (None: plain decoding) and schedule,
+    `max_batch` slots of `context` positions each, and a queue of at most `queue_size` requests
+    waiting for a slot."""
+
     def __init__(self, model, drafter: Drafter | None, *, max_batch: int = 16, context: int | None = None,
                  queue_size: int = 64, num_draft_tokens="auto", prefill_chunk: int = PREFILL_CHUNK):
         if not model.batches:
@@ -78,8 +82,8 @@ class Batcher:
         for name, value in (("max_batch", max_batch), ("queue_size", queue_size), ("prefill_chunk", prefill_chunk)):
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        # A cache of its own: the model stays free for other calls (generate, say).
-        self.model, self.max_batch, self.queue_size, self.prefill_chunk = model.fork(), max_batch, queue_size, prefill_chunk
+        self.model = model.fork()  # a cache of its own: the model stays free for other calls (generate, say)
+        self.max_batch, self.queue_size, self.prefill_chunk = max_batch, queue_size, prefill_chunk
         self.context = min(context or model.max_context, model.max_context)
         self.drafter = None if drafter is None else for_target(drafter, model, model.tokenizer)
         if self.drafter is not None and not self.drafter.batches:

@@ -148,8 +148,21 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="cpu")
 
 
-def cmd_generate(args) -> int:
+def load_target_and_drafter(args, without_tokenizer: str):
+    """--model and --draft/--datastore as generate and serve take them; a missing draft or
+    datastore fails before the target loads."""
     from .models.loading import load_model
+
+    draft = resolve_draft(args)
+    check_draft_exists(draft)
+    store = load_datastore_arg(args)
+    target = load_model(args.model, dtype=args.dtype, device=args.device, engine=args.engine)
+    if target.tokenizer is None:
+        raise CLIError(f"{args.model} ships no tokenizer; {without_tokenizer}")
+    return target, make_drafter(draft, target, args.dtype, args.engine, store)
+
+
+def cmd_generate(args) -> int:
 
     params = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
                   chat=not args.no_chat)
@@ -159,13 +172,7 @@ def cmd_generate(args) -> int:
     request.check_seed(args.seed)
     if not args.prompt:
         raise ValueError("prompt is empty")
-    draft = resolve_draft(args)
-    check_draft_exists(draft)
-    store = load_datastore_arg(args)
-    target = load_model(args.model, dtype=args.dtype, device=args.device, engine=args.engine)
-    if target.tokenizer is None:
-        raise CLIError(f"{args.model} ships no tokenizer; use the Python API with token ids")
-    drafter = make_drafter(draft, target, args.dtype, args.engine, store)
+    target, drafter = load_target_and_drafter(args, "use the Python API with token ids")
     stream = TextStream(target.tokenizer)
     start = time.perf_counter()
     if drafter is None:
@@ -185,18 +192,11 @@ def cmd_generate(args) -> int:
 
 def cmd_serve(args) -> int:
     from .batcher import Batcher
-    from .models.loading import load_model
     from .server import serve
 
     if args.engine != "native":
         raise CLIError(f"serve runs on the native engine (continuous batching), not {args.engine}")
-    draft = resolve_draft(args)
-    check_draft_exists(draft)
-    store = load_datastore_arg(args)
-    target = load_model(args.model, dtype=args.dtype, device=args.device, engine=args.engine)
-    if target.tokenizer is None:
-        raise CLIError(f"{args.model} ships no tokenizer; serve needs one")
-    drafter = make_drafter(draft, target, args.dtype, args.engine, store)
+    target, drafter = load_target_and_drafter(args, "serve needs one")
     batcher = Batcher(target, drafter, max_batch=args.max_batch, context=args.context, queue_size=args.queue_size,
                       num_draft_tokens=args.num_draft_tokens)
     try:

@@ -162,7 +162,8 @@ def test_concurrent_clients_get_their_solo_output(server, model):
 def test_defaults_temperature_1_and_the_rest_of_the_context(server, model):
     """Without temperature a request samples at 1.0 (OpenAI's default); without max_tokens it may
     use the rest of the context (1024 here), and no more."""
-    body = {"messages": [{"role": "user", "content": PROMPTS[2]}], "seed": 5, "max_tokens": 16, "return_token_ids": True}
+    body = {"messages": [{"role": "user", "content": PROMPTS[2]}], "seed": 5, "max_tokens": 16,
+            "return_token_ids": True}
     got = post(server, "/v1/chat/completions", body).json()["choices"][0]["token_ids"]
     assert got == solo(model, PROMPTS[2], 16, temperature=1.0, seed=5)
     long = model.tokenizer.decode(list(range(1000, 2010)))
