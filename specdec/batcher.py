@@ -28,7 +28,7 @@ from .decoding import auto_k_max
 from .drafters import Drafter
 from .request import Request, _Timer
 from .sampling import choose, verify
-from .schedule import FixedCosts, as_schedule
+from .schedule import AdaptiveK, FixedCosts, LoadGate, as_schedule
 
 PREFILL_CHUNK = 512  # prompt tokens read per step, over all newcomers (a multiple of kernel.MAX_ROWS)
 
@@ -92,6 +92,8 @@ class Batcher:
         self.schedule = as_schedule(num_draft_tokens, auto_k_max(model, max_batch), model.pass_tile)
         # As in speculative_generate: where rows are not invariant, clocks must not choose the blocks.
         self.fixed = None if model.row_invariant else FixedCosts(*model.block_cost)
+        # Whether to draft at all at this load, from whole steps timed (again clocks: the kernel only).
+        self.gate = LoadGate() if self.fixed is None and isinstance(self.schedule, AdaptiveK) else None
         self.model.reset_batch(self.context, max_batch)
         if self.drafter is not None:
             self.drafter.begin(self.context, max_batch)
@@ -222,10 +224,13 @@ class Batcher:
 
     def _decode(self, live: list[int]) -> None:
         """speculative_generate's step over the running rows: plan, propose, verify, accept, learn, keep."""
+        start = time.perf_counter()
         jobs = {b: self.slots[b] for b in live}
         ids = {b: jobs[b].request.sequence() for b in live}
         drafter = self.drafter
-        sources = [drafter.sources(ids[b], b) if drafter and jobs[b].speculative else () for b in live]
+        asking = [b for b in live if drafter is not None and jobs[b].speculative]
+        drafting = bool(asking) and (self.gate is None or self.gate.drafting(len(live)))
+        sources = [drafter.sources(ids[b], b) if drafting and b in asking else () for b in live]
         plan = dict(zip(live, self.schedule.choose_batch(sources)))
         asks = {b: (ids[b], min(k, jobs[b].request.room()), src) for b, (src, k) in plan.items()
                 if min(k, jobs[b].request.room()) > 0}
@@ -251,6 +256,8 @@ class Batcher:
         costs = self.fixed.step(outcomes) if self.fixed else (step.elapsed.get("draft", 0.0) - setup,
                                                              step.elapsed["verify"])
         self.schedule.update_batch(outcomes, *costs)
+        if self.gate is not None and asking:
+            self.gate.update(len(live), drafting, sum(map(len, new.values())), time.perf_counter() - start)
         lengths = self.model.cache_lens
         for b in live:  # the cache keeps each accepted sequence but its pending token
             lengths[b] = len(jobs[b].request.sequence()) - 1

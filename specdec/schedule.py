@@ -369,6 +369,44 @@ class FixedK:
         return f"FixedK({self.k})"
 
 
+class LoadGate:
+    """Whether a step of n rows consults the drafter at all, from whole steps measured: tokens
+    a second with drafting (its lookups and the schedule's choice included) and without, per
+    n. Asking every row's sources costs a few percent of a 16-row pass (50 us a row on the AMX
+    VM, against 25 ms a pass), which a loaded batch can take back from what drafting gains.
+    The faster mode runs; every so often the other runs for a few steps to measure it again,
+    less often each time it loses (as the schedule's probes)."""
+
+    RUN = 4  # steps of the other mode a check runs
+    FIRST, LAST = 8, 256  # steps between checks, after a switch and at most
+
+    def __init__(self, decay: float = 0.8):
+        self.decay = decay
+        self.rate: dict[tuple[int, bool], float] = {}  # (n, drafting) -> tokens a second, decayed
+        self.best: dict[int, bool] = {}
+        self.every: dict[int, int] = {}
+        self.step: Counter = Counter()
+
+    def drafting(self, n: int) -> bool:
+        """Whether this step of n rows drafts."""
+        if (n, True) not in self.rate:
+            return True
+        if (n, False) not in self.rate:
+            return False
+        best, every = self.best.setdefault(n, self.rate[n, True] >= self.rate[n, False]), self.every.get(n, self.FIRST)
+        self.step[n] += 1
+        if self.step[n] > every + self.RUN:  # a check ends: keep the faster mode
+            self.step[n] = 1
+            faster = self.rate[n, True] >= self.rate[n, False]
+            self.every[n] = min(2 * every, self.LAST) if faster == best else self.FIRST
+            self.best[n] = best = faster
+        return best if self.step[n] <= self.every.get(n, self.FIRST) else not best
+
+    def update(self, n: int, drafting: bool, tokens: int, seconds: float) -> None:
+        key, rate = (n, drafting), tokens / max(seconds, 1e-9)
+        self.rate[key] = rate if key not in self.rate else self.decay * self.rate[key] + (1 - self.decay) * rate
+
+
 def as_schedule(num_draft_tokens, k_max: int = AdaptiveK.K_MAX, tile: int | None = None) -> "AdaptiveK | FixedK":
     """The schedule `num_draft_tokens` names: "auto" (a fresh AdaptiveK of up to k_max drafts),
     an AdaptiveK as it is (it goes on learning), or an integer k >= 1."""

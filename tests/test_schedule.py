@@ -1,7 +1,7 @@
 """num_draft_tokens="auto": the schedule's choices (its output-invariance is in test_greedy / test_distribution)."""
 import pytest
 
-from specdec.schedule import AdaptiveK, expected_tokens_per_step
+from specdec.schedule import AdaptiveK, LoadGate, expected_tokens_per_step
 
 T = 0.030  # seconds per target pass
 
@@ -262,3 +262,19 @@ def test_a_batch_pays_for_each_tile_of_rows_its_pass_starts():
     sixteen, eight = plans[16]
     assert all(k == 0 for _, k in sixteen) and all(k >= 1 for _, k in eight)
     assert any(k for _, k in plans[None][0])  # the line alone makes 16 rows draft
+
+
+@pytest.mark.parametrize("faster", [True, False])
+def test_the_load_gate_runs_the_faster_mode_and_checks_the_other_ever_less(faster):
+    """Steps with drafting make 10% more tokens a second than steps without (or 10% fewer): the
+    gate ends up in the faster mode at least 97% of 2000 steps, and checks the other more
+    rarely as it keeps losing; another batch size is measured on its own."""
+    gate, modes = LoadGate(), []
+    for _ in range(2000):
+        drafting = gate.drafting(16)
+        modes.append(drafting)
+        gate.update(16, drafting, 16, 0.025 / (1.1 if drafting == faster else 1.0))
+    assert modes.count(faster) >= 0.97 * len(modes)
+    checks = [i for i in range(1, len(modes)) if modes[i] != faster and modes[i - 1] == faster]
+    assert len(checks) >= 3 and checks[-1] - checks[-2] > checks[1] - checks[0]  # ever less often
+    assert gate.drafting(4)  # nothing measured at 4 rows: draft
