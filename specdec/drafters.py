@@ -117,7 +117,7 @@ class NgramDrafter(_Lookup):
 
     def begin(self, capacity: int, batch: int = 1) -> None:
         super().begin(capacity, batch)
-        self._arrays: dict[int, tuple[np.ndarray, int]] = {}
+        self._arrays = {}
 
     def prefill(self, prompts, rows=None):
         for row in range(len(prompts)) if rows is None else rows:
@@ -400,8 +400,8 @@ class CompositeDrafter(Drafter):
             part.begin(capacity, batch)
 
     def prefill(self, prompts, rows=None):
-        if self.model:
-            self.model.prefill(prompts, rows)
+        for part in self.parts:
+            part.prefill(prompts, rows)
 
     def check_prompts(self, prompts):
         if self.model:

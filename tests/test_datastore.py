@@ -124,3 +124,17 @@ def test_the_shipped_datastore_loads_and_drafts_for_the_default_target():
     window = store.tokens[1000:1000 + MAX_NGRAM].tolist()  # a stretch of its own text
     found = store.match(window)
     assert found[0] == MAX_NGRAM and 1000 in store.order[found[1]: found[2]]
+
+
+def test_a_row_that_starts_over_looks_up_its_new_prompt_only():
+    """A server reuses a row for another request: after prefill(prompts, rows) the composite's
+    lookup sees the new sequence, never the old one's tokens, even where both agree at the
+    start, the middle and the end of the old one."""
+    store = Datastore([[1, 2, 3, 4]], vocab_size=50)
+    comp = CompositeDrafter(datastore=store)
+    comp.begin(64, 2)
+    old = [9, 10, 11, 30, 9, 9, 14, 15, 30, 9]  # "30 9" matches at 3: proposes what follows it
+    assert comp.propose(old, 2, SamplingParams(), None, row=1) == [9, 14]
+    new = [9, 40, 41, 42, 43, 9, 44, 45, 46, 9]  # agrees with old at 0, 5 and 9
+    comp.prefill([new], [1])
+    assert comp.propose(new, 2, SamplingParams(), None, row=1) == [44, 45]
