@@ -332,7 +332,7 @@ def render(reports: dict, out: Path) -> None:
         "## Serving", "",
         "`specdec serve` against llama-server on the same model, each server started on 127.0.0.1 by the "
         f"script and benchmarked in turn: `specdec bench --endpoint ... {' '.join(SERVING)}`, then "
-        f"`{' '.join(POISSON)}`. Both serve the 26 prompts' first turns with 96 new tokens each.", "",
+        f"`{' '.join(POISSON)}`. Each run serves the 26 prompts' first turns, 96 new tokens each.", "",
         *serving_bars(reports["serving"], reports["poisson"]), "",
         "![Throughput and TPOT against requests in flight](img/serving_load.png)", "",
         *serving_table(reports["serving"], reports["poisson"]), "",
