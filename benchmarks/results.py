@@ -9,7 +9,8 @@
   loops      editing loops: each request revises the target's own last answer
   serving    `specdec serve` (speculation on and off) beside llama-server (plain Q8_0, its n-gram
              speculation, the shipped draft with -md), servers started here on 127.0.0.1, at 1, 4
-             and 16 requests in flight, then Poisson arrivals (needs pip install 'specdec[server]')
+             and 16 requests in flight (needs pip install 'specdec[server]')
+  poisson    the same servers, requests arriving as a Poisson process, at most 1, 4 and 16 in flight
 
 Usage: python benchmarks/results.py [--out bench-runs/results] [--reuse] [--runs serving,...]
 (--reuse renders from the reports already in --out; --runs runs only those and reuses the rest.)
@@ -48,7 +49,7 @@ MACHINES = ROOT / "benchmarks" / "machines.json"
 
 
 SERVING = ["--concurrency", "1,4,16", "--max-tokens", "96", "--ignore-eos", "--trials", "2", "--prompts", PROMPTS]
-POISSON = ["--concurrency", "16", "--request-rate", "4", "--max-tokens", "96", "--ignore-eos", "--trials", "2",
+POISSON = ["--concurrency", "1,4,16", "--request-rate", "4", "--max-tokens", "96", "--ignore-eos", "--trials", "2",
            "--prompts", PROMPTS]
 
 
@@ -59,9 +60,11 @@ def run(out: Path, reuse: bool, only: set[str] | None) -> dict[str, dict]:
             print(f"== {name}: specdec bench {' '.join(args)}", file=sys.stderr)
             subprocess.run(["specdec", "bench", *args, "--out", str(out / name)], cwd=ROOT, check=True)
         reports[name] = json.loads((out / name / "report.json").read_text())
-    if not reuse and (only is None or "serving" in only):
+    served = [(name, args) for name, args in (("serving", SERVING), ("poisson", POISSON))
+              if not reuse and (only is None or name in only)]
+    if served:
         with servers() as endpoints:
-            for name, args in (("serving", SERVING), ("poisson", POISSON)):
+            for name, args in served:
                 print(f"== {name}: specdec bench {' '.join(args)}", file=sys.stderr)
                 subprocess.run(["specdec", "bench", *endpoints, *args, "--out", str(out / name)], cwd=ROOT, check=True)
     for name in ("serving", "poisson"):
@@ -277,12 +280,13 @@ def serving_bars(closed: dict, poisson: dict) -> list[str]:
     tpot = lv["1"]["specdec"]["tpot"]["p50"] / lv["1"]["llama-server-q8_0"]["tpot"]["p50"]
     def gain(by):
         return by["specdec"]["throughput_tokens_per_s"] / by["specdec-no-spec"]["throughput_tokens_per_s"]
-    on_off = [f"{level} in flight {gain(by):.2f}x"
-              for report in (closed, poisson) for level, by in report["serving"]["levels"].items()]
+    closed_gains, poisson_gains = ([f"{level} in flight {gain(by):.2f}x"
+                                    for level, by in r["serving"]["levels"].items()] for r in (closed, poisson))
     llama_best = max((v["throughput_tokens_per_s"], name) for name, v in lv["16"].items() if name.startswith("llama"))
     return [f"- One request at a time, the default's TPOT is {tpot:.2f}x llama-server's plain Q8_0 TPOT (median over "
             "requests).",
-            f"- Speculation on over off, throughput: {', '.join(on_off[:-1])} (closed loop); {on_off[-1]} (Poisson).",
+            f"- Speculation on over off, throughput: {', '.join(closed_gains)} (closed loop); "
+            f"{', '.join(poisson_gains)} ({poisson['serving']['arrivals']}).",
             f"- At 16 in flight, {lv['16']['specdec']['throughput_tokens_per_s']:.0f} tokens/s against llama-server's "
             f"best, {llama_best[1]}, {llama_best[0]:.0f} tokens/s."]
 
