@@ -24,10 +24,11 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from .bridge import for_target
-from .decoding import auto_k_max
-from .drafters import Drafter
-from .request import Request, _Timer
-from .sampling import choose, verify
+from .decoding import auto_k_max, speculative_step
+from .drafters import Drafter, NoDrafter
+from .models.base import Rows
+from .request import Request, Stats, Timer
+from .sampling import choose
 from .schedule import AdaptiveK, FixedCosts, LoadGate, as_schedule
 
 PREFILL_CHUNK = 512  # prompt tokens read per step, over all newcomers (a multiple of kernel.MAX_ROWS)
@@ -59,14 +60,10 @@ class Job:
 class Counters:
     """Totals since start, as /metrics shows them (vLLM's spec_decode names)."""
 
-    drafts: int = 0  # steps of a row that drafted
-    draft_tokens: int = 0
-    accepted: int = 0
-    accepted_per_pos: list[int] = field(default_factory=list)
+    speculation: Stats = field(default_factory=Stats)  # every row's drafts (proposed_at[0]: steps that drafted)
     prompt_tokens: int = 0
     generation_tokens: int = 0
     finished: collections.Counter = field(default_factory=collections.Counter)  # by finish reason
-    steps: int = 0
 
 
 class Batcher:
@@ -85,8 +82,9 @@ class Batcher:
         self.model = model.fork()  # a cache of its own: the model stays free for other calls (generate, say)
         self.max_batch, self.queue_size, self.prefill_chunk = max_batch, queue_size, prefill_chunk
         self.context = min(context or model.max_context, model.max_context)
-        self.drafter = None if drafter is None else for_target(drafter, model, model.tokenizer)
-        if self.drafter is not None and not self.drafter.batches:
+        self.speculating = drafter is not None
+        self.drafter = NoDrafter() if drafter is None else for_target(drafter, model, model.tokenizer)
+        if not self.drafter.batches:
             raise ValueError(f"the draft ({self.drafter!r}) runs one prompt at a time; serving needs a draft that "
                              "batches")
         self.schedule = as_schedule(num_draft_tokens, auto_k_max(model, max_batch), model.pass_tile)
@@ -94,9 +92,9 @@ class Batcher:
         self.fixed = None if model.row_invariant else FixedCosts(*model.block_cost)
         # Whether to draft at all at this load, from whole steps timed (again clocks: the kernel only).
         self.gate = LoadGate() if self.fixed is None and isinstance(self.schedule, AdaptiveK) else None
-        self.model.reset_batch(self.context, max_batch)
-        if self.drafter is not None:
-            self.drafter.begin(self.context, max_batch)
+        self.rows = Rows(self.model, max_batch)
+        self.rows.reset(self.context)
+        self.drafter.begin(self.context, max_batch)
         self.slots: list[Job | None] = [None] * max_batch
         self.waiting: collections.deque[Job] = collections.deque()
         self.counters = Counters()
@@ -181,7 +179,6 @@ class Batcher:
         live = [b for b, job in enumerate(self.slots) if job is not None and job.read == len(job.request.prompt_ids)]
         if live:
             self._decode(live)
-        self.counters.steps += 1
 
     def _admit(self) -> None:
         with self._wake:
@@ -191,8 +188,7 @@ class Batcher:
             while self.waiting and None in self.slots:
                 b = self.slots.index(None)
                 self.slots[b] = job = self.waiting.popleft()
-                if self.drafter is not None:
-                    self.drafter.prefill([job.request.prompt_ids], [b])
+                self.drafter.prefill([job.request.prompt_ids], [b])
         for b, job in enumerate(self.slots):
             if job is not None and job.cancelled:
                 self._end(b, "cancelled")
@@ -211,8 +207,8 @@ class Batcher:
         rows = [b for b, block in enumerate(blocks) if block]
         if not rows:
             return
-        with _Timer([self.slots[b].request.stats for b in rows], self.model.device)("prefill"):
-            logits = self.model.forward_batch(blocks, last_only=True)
+        with Timer([self.slots[b].request.stats for b in rows], self.model.device)("prefill"):
+            logits = self.rows.forward(blocks, last_only=True)
         for b in rows:
             job = self.slots[b]
             job.read += len(blocks[b])
@@ -223,62 +219,17 @@ class Batcher:
                 self._emit(b, new)
 
     def _decode(self, live: list[int]) -> None:
-        """speculative_generate's step over the running rows: plan, propose, verify, accept, learn, keep."""
-        start = time.perf_counter()
-        jobs = {b: self.slots[b] for b in live}
-        ids = {b: jobs[b].request.sequence() for b in live}
-        drafter = self.drafter
-        asking = [b for b in live if drafter is not None and jobs[b].speculative]
-        drafting = bool(asking) and (self.gate is None or self.gate.drafting(len(live)))
-        sources = [drafter.sources(ids[b], b) if drafting and b in asking else () for b in live]
-        plan = dict(zip(live, self.schedule.choose_batch(sources)))
-        asks = {b: (ids[b], min(k, jobs[b].request.room()), src) for b, (src, k) in plan.items()
-                if min(k, jobs[b].request.room()) > 0}
-        step = _Timer([job.request.stats for job in jobs.values()], self.model.device)
-        setup = drafter.setup_seconds if drafter else 0.0
-        proposals = {}
-        with step("draft"):
-            # One proposal call per sampling setting (a model draft samples its rows with one).
-            for params in {jobs[b].request.params for b in asks}:
-                group = {b: a for b, a in asks.items() if jobs[b].request.params == params}
-                proposals |= drafter.propose_rows(group, params, {b: jobs[b].request.noise for b in group})
-        setup = (drafter.setup_seconds if drafter else 0.0) - setup
-        drafted = {b: proposals.get(b, []) for b in live}
-        with step("verify"):
-            logits = self.model.forward_batch([[ids[b][-1]] + drafted[b] if b in ids else [] for b in
-                                               range(self.max_batch)])
-            verdicts = {b: verify(drafted[b], logits[b], jobs[b].request.params, jobs[b].request.noise, len(ids[b]))
-                        for b in live}
-        before = {b: (s.drafted, s.accepted, list(s.accepted_at)) for b in live for s in [jobs[b].request.stats]}
-        new = {b: jobs[b].request.accept(drafted[b], *verdicts[b]) for b in live}
-        self._count(before, live)
-        outcomes = [(plan[b][0], len(drafted[b]), verdicts[b][0]) for b in live]
-        costs = self.fixed.step(outcomes) if self.fixed else (step.elapsed.get("draft", 0.0) - setup,
-                                                             step.elapsed["verify"])
-        self.schedule.update_batch(outcomes, *costs)
+        """speculative_generate's step over the running rows, with drafts for the rows that asked
+        for them, where the gate finds drafting pays at this load."""
+        start, requests = time.perf_counter(), {b: self.slots[b].request for b in live}
+        asking = {b for b in live if self.speculating and self.slots[b].speculative}
+        drafting = asking if asking and (self.gate is None or self.gate.drafting(len(live))) else set()
+        new = speculative_step(self.rows, self.drafter, self.schedule, self.fixed, requests, drafting,
+                               self.counters.speculation)
         if self.gate is not None and asking:
-            self.gate.update(len(live), drafting, sum(map(len, new.values())), time.perf_counter() - start)
-        lengths = self.model.cache_lens
-        for b in live:  # the cache keeps each accepted sequence but its pending token
-            lengths[b] = len(jobs[b].request.sequence()) - 1
-        self.model.rollback_batch(lengths)
+            self.gate.update(len(live), bool(drafting), sum(map(len, new.values())), time.perf_counter() - start)
         for b in live:
-            if drafter is not None and jobs[b].request.reason is None:
-                drafter.commit(jobs[b].request.sequence(), b)
             self._emit(b, new[b])
-
-    def _count(self, before: dict, live: list[int]) -> None:
-        """Add what the step's rows recorded in their stats (Stats.record_step) to the totals."""
-        c = self.counters
-        for b in live:
-            s, (drafted, accepted, at) = self.slots[b].request.stats, before[b]
-            if s.drafted > drafted:
-                c.drafts += 1
-                c.draft_tokens += s.drafted - drafted
-                c.accepted += s.accepted - accepted
-                c.accepted_per_pos.extend([0] * (len(s.accepted_at) - len(c.accepted_per_pos)))
-                for i, n in enumerate(s.accepted_at):
-                    c.accepted_per_pos[i] += n - (at[i] if i < len(at) else 0)
 
     def _emit(self, b: int, new: list[int]) -> None:
         job = self.slots[b]
@@ -291,9 +242,9 @@ class Batcher:
     def _end(self, b: int, reason: str) -> None:
         """Free slot b (its cache rows are reused from length 0) and tell its job why it ended."""
         job, self.slots[b] = self.slots[b], None
-        lengths = self.model.cache_lens
+        lengths = self.rows.lengths
         lengths[b] = 0
-        self.model.rollback_batch(lengths)
+        self.rows.rollback(lengths)
         self._finish(job, reason)
 
     def _finish(self, job: Job, reason: str) -> None:

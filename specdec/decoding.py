@@ -12,8 +12,9 @@ from typing import Callable
 
 from .bridge import for_target
 from .drafters import as_drafter
+from .models.base import Rows
 from .models.hf import as_language_model
-from .request import Generation, Run
+from .request import Generation, Request, Run, Stats, Timer
 from .sampling import choose, verify
 from .schedule import AdaptiveK, FixedCosts, as_schedule
 
@@ -90,7 +91,7 @@ def speculative_generate(model, draft, tokenizer, prompt, max_tokens: int, *, nu
     if run.size > 1 and not drafter.batches:
         raise ValueError(f"the draft ({drafter!r}) runs one prompt at a time; batches need a draft on an engine "
                          "that batches (the native engine)")
-    params, noises, live = run.params, run.noises, run.live()
+    live = run.live()
     if live:
         tokens = run.prefill()
         drafter.begin(run.capacity, run.size)
@@ -100,26 +101,44 @@ def speculative_generate(model, draft, tokenizer, prompt, max_tokens: int, *, nu
             run.emit(b, run.add(b, [tokens[b]]))
         live = run.live()
     while live:
-        ids = {b: run.sequence(b) for b in live}
-        # Plan: a source and k per row; no source (no match, a draft past its context) is a plain step.
-        plan = dict(zip(live, schedule.choose_batch([drafter.sources(ids[b], b) for b in live])))
-        asks = {b: (ids[b], min(k, run.room(b)), src) for b, (src, k) in plan.items() if min(k, run.room(b)) > 0}
-        step, setup = run.timer(live), drafter.setup_seconds
-        with step("draft"):  # propose
-            proposals = drafter.propose_rows(asks, params, noises) if asks else {}
-        setup = drafter.setup_seconds - setup  # a draft reading a prompt: not a cost of drafting
-        drafted = {b: proposals.get(b, []) for b in live}
-        with step("verify"):  # verify: one pass scores every live row's [pending, d1..dk]
-            logits = run.rows.forward([[ids[b][-1]] + drafted[b] if b in ids else [] for b in range(run.size)])
-            verdicts = {b: verify(drafted[b], logits[b], params, noises[b], len(ids[b])) for b in live}
-        new = {b: run.accept(b, drafted[b], *verdicts[b]) for b in live}  # accept
-        outcomes = [(plan[b][0], len(drafted[b]), verdicts[b][0]) for b in live]
-        costs = fixed.step(outcomes) if fixed else (step.elapsed.get("draft", 0.0) - setup, step.elapsed["verify"])
-        schedule.update_batch(outcomes, *costs)  # learn
-        run.rollback(live)  # keep: the caches hold the accepted sequences, the drafter sees them
+        new = speculative_step(run.rows, drafter, schedule, fixed, {b: run.requests[b] for b in live})
         for b in live:
-            drafter.commit(run.sequence(b), b)
-        for b in live:  # after the rollback: a stream sees the caches the step left
             run.emit(b, new[b])
         live = run.live()
     return run.results(drafter)
+
+
+def speculative_step(rows: Rows, drafter, schedule, fixed: FixedCosts | None, requests: dict[int, Request],
+                     drafting: set[int] | None = None, totals: Stats | None = None) -> dict[int, list[int]]:
+    """One step over the live rows (row -> its Request): plan, propose, verify, accept, learn, keep.
+    Returns each row's new ids. drafting: the rows that may draft (default: all); the others take
+    a plain step in the same pass. totals: a Stats that also counts every row's drafts (a server's).
+    fixed: the costs the schedule learns from where clocks must not choose blocks (None: clocks)."""
+    live = list(requests)
+    ids = {b: r.sequence() for b, r in requests.items()}
+    # Plan: a source and k per row; no source (no match, a draft past its context) is a plain step.
+    sources = [drafter.sources(ids[b], b) if drafting is None or b in drafting else () for b in live]
+    plan = dict(zip(live, schedule.choose_batch(sources)))
+    asks = {b: (ids[b], min(k, requests[b].room()), src) for b, (src, k) in plan.items()
+            if min(k, requests[b].room()) > 0}
+    step, setup, proposals = Timer([r.stats for r in requests.values()], rows.model.device), drafter.setup_seconds, {}
+    with step("draft"):  # propose: one call per sampling setting (a model draft samples its rows with one)
+        for params in {requests[b].params for b in asks}:
+            group = {b: a for b, a in asks.items() if requests[b].params == params}
+            proposals |= drafter.propose_rows(group, params, {b: requests[b].noise for b in group})
+    setup = drafter.setup_seconds - setup  # a draft reading a prompt: not a cost of drafting
+    drafted = {b: proposals.get(b, []) for b in live}
+    with step("verify"):  # verify: one pass scores every live row's [pending, d1..dk]
+        logits = rows.forward([[ids[b][-1]] + drafted[b] if b in ids else [] for b in range(rows.batch)])
+        verdicts = {b: verify(drafted[b], logits[b], r.params, r.noise, len(ids[b])) for b, r in requests.items()}
+    new = {b: r.accept(drafted[b], *verdicts[b], totals) for b, r in requests.items()}  # accept
+    outcomes = [(plan[b][0], len(drafted[b]), verdicts[b][0]) for b in live]
+    costs = fixed.step(outcomes) if fixed else (step.elapsed.get("draft", 0.0) - setup, step.elapsed["verify"])
+    schedule.update_batch(outcomes, *costs)  # learn
+    lengths = rows.lengths  # keep: each cache holds its accepted sequence but the pending last token
+    for b, r in requests.items():
+        lengths[b] = len(r.sequence()) - 1
+    rows.rollback(lengths)
+    for b, r in requests.items():  # the drafter sees the accepted sequences
+        drafter.commit(r.sequence(), b)
+    return new

@@ -75,6 +75,14 @@ class Drafter:
     def commit(self, ids: list[int], row: int = 0) -> None:
         pass
 
+
+class NoDrafter(Drafter):
+    """Never proposes: every step is a plain decoding step (a server run without drafts)."""
+
+    def sources(self, ids, row=0):
+        return ()
+
+
 class _Lookup(Drafter):
     """A model-free drafter that searches the context. The loop calls sources() then propose()
     on one step's sequence: each row keeps (the sequence last searched, its length, what the

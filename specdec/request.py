@@ -89,7 +89,7 @@ class Generation:
     prompt_ids: list[int]
 
 
-class _Timer:
+class Timer:
     """Adds wall time to stats.timings[key]; synchronizes CUDA so async kernels are counted."""
 
     def __init__(self, stats: "Stats | list[Stats]", device: torch.device):
@@ -238,13 +238,15 @@ class Request:
         self.reason = _finish(self.out, new, self.eos, self.max_tokens)
         return self.out[before:]
 
-    def accept(self, drafted: list[int], n_accepted: int, token: int) -> list[int]:
-        """A verify step kept drafted[:n_accepted] and the target's token; the ids kept."""
+    def accept(self, drafted: list[int], n_accepted: int, token: int, totals: Stats | None = None) -> list[int]:
+        """A verify step kept drafted[:n_accepted] and the target's token; the ids kept. The
+        step's drafts are counted in the stats (and in totals, if given)."""
         new = self.add(drafted[:n_accepted] + [token])
         # An EOS among the accepted drafts ends the block: the drafts after it were neither
         # accepted nor rejected, just discarded, so they are not counted at all.
         kept = min(n_accepted, len(new))
-        self.stats.record_step(kept if kept < n_accepted else len(drafted), kept)
+        for stats in filter(None, (self.stats, totals)):
+            stats.record_step(kept if kept < n_accepted else len(drafted), kept)
         return new
 
     def result(self, tokenizer) -> Generation:
@@ -299,8 +301,8 @@ class Run:
     def live(self) -> list[int]:
         return [b for b, r in enumerate(self.requests) if r.reason is None]
 
-    def timer(self, rows) -> _Timer:
-        return _Timer([self.requests[b].stats for b in rows], self.model.device)
+    def timer(self, rows) -> Timer:
+        return Timer([self.requests[b].stats for b in rows], self.model.device)
 
     def prefill(self) -> list[int]:
         """Empty the cache and run every prompt; each row's first new token."""
@@ -319,17 +321,6 @@ class Run:
 
     def add(self, b: int, new: list[int]) -> list[int]:
         return self.requests[b].add(new)
-
-    def accept(self, b: int, drafted: list[int], n_accepted: int, token: int) -> list[int]:
-        return self.requests[b].accept(drafted, n_accepted, token)
-
-    def rollback(self, rows: list[int]) -> None:
-        """Forget rejected drafts (and anything after an EOS): each row's cache keeps its
-        accepted sequence minus its pending last token."""
-        lengths = self.rows.lengths
-        for b in rows:
-            lengths[b] = len(self.requests[b].sequence()) - 1
-        self.rows.rollback(lengths)
 
     def emit(self, b: int, ids: list[int]) -> None:
         if self.stream:

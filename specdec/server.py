@@ -91,6 +91,7 @@ class Server:
 
     async def metrics(self, _: HTTPRequest) -> Response:
         c, label = self.batcher.counters, f'model_name="{self.name}"'
+        spec = c.speculation
         lines = []
 
         def metric(name, kind, value, labels=""):
@@ -100,11 +101,11 @@ class Server:
         metric("num_requests_waiting", "gauge", len(self.batcher.waiting))
         metric("prompt_tokens_total", "counter", c.prompt_tokens)
         metric("generation_tokens_total", "counter", c.generation_tokens)
-        metric("spec_decode_num_drafts_total", "counter", c.drafts)
-        metric("spec_decode_num_draft_tokens_total", "counter", c.draft_tokens)
-        metric("spec_decode_num_accepted_tokens_total", "counter", c.accepted)
+        metric("spec_decode_num_drafts_total", "counter", spec.proposed_at[0] if spec.proposed_at else 0)
+        metric("spec_decode_num_draft_tokens_total", "counter", spec.drafted)
+        metric("spec_decode_num_accepted_tokens_total", "counter", spec.accepted)
         lines.append("# TYPE specdec:spec_decode_num_accepted_tokens_per_pos_total counter")
-        for i, n in enumerate(c.accepted_per_pos):
+        for i, n in enumerate(spec.accepted_at):
             lines.append(f'specdec:spec_decode_num_accepted_tokens_per_pos_total{{{label},position="{i}"}} {n}')
         lines.append("# TYPE specdec:request_success_total counter")
         for reason, n in sorted(c.finished.items()):

@@ -86,10 +86,12 @@ def bf16(tmp_path_factory):
     return target, draft
 
 
-def tie_share(model, prompts, n=40):
-    """The share of greedy tokens that are one of the tied pair: the tie is in play."""
+def tie_in_play(model, prompts=PROMPTS, n=40) -> bool:
+    """Each of the tied pair wins at some positions of greedy decoding, and together they are a
+    fifth or more of the output (the share moves with a machine's float32 rounding: 0.25-0.4)."""
     outs = [generate(model, None, p, n).token_ids for p in prompts]
-    return sum(t in (5, 6) for o in outs for t in o) / sum(map(len, outs))
+    counts = [sum(o.count(t) for o in outs) for t in (5, 6)]
+    return min(counts) > 0 and sum(counts) >= 0.2 * sum(map(len, outs))
 
 
 # ----------------------------------------------------------------------------- seeded sampling
@@ -135,7 +137,7 @@ def test_a_seeded_auto_call_repeats_on_the_torch_path(f32, busy):
 
 
 def test_the_tie_is_built(f32, bf16):
-    assert tie_share(f32[0], PROMPTS) > 0.3 and tie_share(bf16[0], PROMPTS) > 0.3
+    assert tie_in_play(f32[0]) and tie_in_play(bf16[0])
 
 
 def repeats(target, drafter, prompts, busy, calls=4, **kw):
@@ -223,7 +225,7 @@ def test_greedy_auto_calls_repeat_at_a_near_tie_on_llama_cpp(tmp_path, busy, mon
         hf.save_pretrained(tmp_path / name, safe_serialization=True)
         paths[name] = write_gguf(tmp_path / name, tmp_path / f"{name}.gguf", file_type="f32")
     target, draft = (load_model(paths[n], engine="llama.cpp") for n in ("t", "d"))
-    assert not target.row_invariant and tie_share(target, PROMPTS) > 0.2
+    assert not target.row_invariant and tie_in_play(target)
     prompts = [p + [5] for p in PROMPTS] + [[5, 6] * 4, [6, 5, 9, 9, 5]]
     assert repeats(target, NgramDrafter(), prompts, busy)
     assert repeats(target, ModelDrafter(draft), prompts, busy)
