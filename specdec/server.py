@@ -41,19 +41,21 @@ def error(status: int, message: str, param: str | None = None, kind: str = "inva
 
 
 class TextDelta:
-    """New text as tokens arrive: the decoding of all of them, less what was sent, held back
-    while it ends in half a character."""
+    """New text as tokens arrive, held back while it ends in half a character. Each call decodes
+    a short window (the tokens since the last text sent, and those before it that text came from,
+    so a tokenizer sees a word's start), not the whole output again."""
 
     def __init__(self, tokenizer):
-        self.tokenizer, self.ids, self.sent = tokenizer, [], 0
+        self.tokenizer, self.ids, self.start, self.sent = tokenizer, [], 0, 0  # window: ids[start:]; sent: ids[:sent]
 
     def __call__(self, new: list[int], final: bool = False) -> str:
         self.ids += new
-        text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
-        if text.endswith("\ufffd") and not final:
+        decode = lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True)
+        before, text = decode(self.ids[self.start:self.sent]), decode(self.ids[self.start:])
+        if (text.endswith("\ufffd") and not final) or len(text) <= len(before):
             return ""
-        out, self.sent = text[self.sent:], len(text)
-        return out
+        self.start, self.sent = self.sent, len(self.ids)
+        return text[len(before):]
 
 
 def _field(body: dict, name: str, kinds, default=None):

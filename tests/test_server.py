@@ -137,14 +137,35 @@ def test_chat_and_completions_answer_with_usage_streamed_and_not(server, model):
     assert [m["id"] for m in listed] == [MODEL]
 
 
-def test_concurrent_clients_get_their_solo_output(server, model):
-    """Greedy and seeded, speculative or not, 12 clients at once on 4 rows: each answer is its
-    solo `generate` output, token for token."""
-    cases = [(p, sampling, spec) for p in PROMPTS[:3]
-             for sampling in ({"temperature": 0}, {"temperature": 0.8, "seed": 11}) for spec in (True, False)]
+def test_streamed_text_is_the_whole_decoding_read_in_short_windows(model):
+    from specdec.server import TextDelta
 
+    tok, calls = model.tokenizer, []
+
+    class Counting:  # the tokenizer, counting the ids each decode reads
+        def decode(self, ids, **kw):
+            calls.append(len(ids))
+            return tok.decode(ids, **kw)
+
+    text = "Naïve café: 東京は晴れ 🌊🐟 — x² ≥ 0, ok.\n  Indented line; the end. " * 20
+    ids = tok(text, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+    rng = random.Random(0)
+    for trial in range(3):
+        delta, out, i, calls[:] = TextDelta(Counting()), [], 0, []
+        while i < len(ids):
+            n = rng.choice([1, 1, 2, 5])
+            out.append(delta(ids[i:i + n], final=i + n >= len(ids)))
+            i += n
+        assert "".join(out) == tok.decode(ids, skip_special_tokens=True)
+        # Windows, not the whole output each time: a window spans at most a run of tokens that split
+        # characters (the 12 of the CJK here) and the text sent before it.
+        assert max(calls) <= len(ids) // 10 and sum(calls) <= 8 * len(ids), (max(calls), sum(calls), len(ids))
+
+
+def answers_at_once(url: str, cases: list) -> list[list[int]]:
+    """Each case (prompt, sampling, speculative) sent by its own client, all at once: the ids."""
     async def one(client, prompt, sampling, spec):
-        r = await client.post(server + "/v1/chat/completions", json={
+        r = await client.post(url + "/v1/chat/completions", json={
             "messages": [{"role": "user", "content": prompt}], "max_tokens": 32, "return_token_ids": True,
             "speculative": spec, **sampling}, timeout=300)
         assert r.status_code == 200, r.text
@@ -153,10 +174,30 @@ def test_concurrent_clients_get_their_solo_output(server, model):
     async def all_at_once():
         async with httpx.AsyncClient() as client:
             return await asyncio.gather(*(one(client, *c) for c in cases))
+    return asyncio.run(all_at_once())
 
-    got = asyncio.run(all_at_once())
-    for (prompt, sampling, spec), ids in zip(cases, got):
+
+def test_concurrent_clients_get_their_solo_output(server, model):
+    """Greedy and seeded, speculative or not, 12 clients at once on 4 rows: each answer is its
+    solo `generate` output, token for token."""
+    cases = [(p, sampling, spec) for p in PROMPTS[:3]
+             for sampling in ({"temperature": 0}, {"temperature": 0.8, "seed": 11}) for spec in (True, False)]
+    for (prompt, sampling, spec), ids in zip(cases, answers_at_once(server, cases)):
         assert ids == solo(model, prompt, 32, **sampling), (prompt, sampling, spec)
+
+
+def test_a_model_draft_serves_the_solo_output_too(model):
+    """The shipped draft model: its rows batch like the target's, its drafts are accepted, and
+    each answer is still the solo output."""
+    proc, url = start("--draft", f"{MODEL}-draft", "--max-batch", "4", "--context", "512")
+    try:
+        cases = [(p, sampling, True) for p in PROMPTS[:4] for sampling in ({"temperature": 0},
+                                                                          {"temperature": 0.8, "seed": 3})]
+        for (prompt, sampling, _), ids in zip(cases, answers_at_once(url, cases)):
+            assert ids == solo(model, prompt, 32, **sampling), (prompt, sampling)
+        assert total(idle(url), "spec_decode_num_accepted_tokens_total") > 0
+    finally:
+        assert stop(proc) == 0
 
 
 def test_defaults_temperature_1_and_the_rest_of_the_context(server, model):
