@@ -188,8 +188,8 @@ def test_concurrent_clients_get_their_solo_output(server, model):
 
 def test_a_model_draft_serves_the_solo_output_too(model):
     """The shipped draft model: its rows batch like the target's, its drafts are accepted, and
-    each answer is still the solo output."""
-    proc, url = start("--draft", f"{MODEL}-draft", "--max-batch", "4", "--context", "512")
+    each answer is still the solo output. A fixed k: `auto` may learn to leave the draft idle."""
+    proc, url = start("--draft", f"{MODEL}-draft", "--num-draft-tokens", "3", "--max-batch", "4", "--context", "512")
     try:
         cases = [(p, sampling, True) for p in PROMPTS[:4] for sampling in ({"temperature": 0},
                                                                           {"temperature": 0.8, "seed": 3})]
