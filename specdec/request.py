@@ -316,9 +316,6 @@ class Run:
     def sequence(self, b: int) -> list[int]:
         return self.requests[b].sequence()
 
-    def room(self, b: int) -> int:
-        return self.requests[b].room()
-
     def add(self, b: int, new: list[int]) -> list[int]:
         return self.requests[b].add(new)
 

@@ -50,12 +50,14 @@ class TextDelta:
 
     def __call__(self, new: list[int], final: bool = False) -> str:
         self.ids += new
-        decode = lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True)
-        before, text = decode(self.ids[self.start:self.sent]), decode(self.ids[self.start:])
+        before, text = self._decode(self.ids[self.start:self.sent]), self._decode(self.ids[self.start:])
         if (text.endswith("\ufffd") and not final) or len(text) <= len(before):
             return ""
         self.start, self.sent = self.sent, len(self.ids)
         return text[len(before):]
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
 
 
 def _field(body: dict, name: str, kinds, default=None):
