@@ -46,12 +46,12 @@ class Closed(Exception):
 class Job:
     """A request in the batcher. emit(new ids, finish reason or None) is called on the engine
     thread: with the first token once the prompt is read, after each step, and with the reason
-    ("eos", "length", "cancelled" or "error") when it ends."""
+    ("eos", "length", "error", or the one it was cancelled for: "cancelled", "stop") when it ends."""
 
     request: Request
     emit: Callable[[list[int], str | None], None]
     speculative: bool = True
-    cancelled: bool = False
+    cancelled: str | None = None  # why it was cancelled: it ends at the next step boundary
     read: int = 0  # prompt tokens in the cache
     started: float = field(default_factory=time.perf_counter)
 
@@ -116,9 +116,10 @@ class Batcher:
             self.waiting.append(job)
             self._wake.notify()
 
-    def cancel(self, job: Job) -> None:
-        """The job ends at the next step boundary (its slot is freed then)."""
-        job.cancelled = True
+    def cancel(self, job: Job, reason: str = "cancelled") -> None:
+        """The job ends at the next step boundary (its slot is freed then), finished for `reason`
+        unless it ended meanwhile: "cancelled" (a client gone), or "stop" (a stop string seen)."""
+        job.cancelled = job.cancelled or reason
         with self._wake:
             self._wake.notify()
 
@@ -138,7 +139,7 @@ class Batcher:
             self.closing = True
             if cancel:
                 for job in [*self.waiting, *filter(None, self.slots)]:
-                    job.cancelled = True
+                    job.cancelled = job.cancelled or "cancelled"
             self._wake.notify()
 
     def stop(self, drain: bool = True, timeout: float | None = None) -> None:
@@ -184,14 +185,14 @@ class Batcher:
         with self._wake:
             for job in [j for j in self.waiting if j.cancelled]:
                 self.waiting.remove(job)
-                self._finish(job, "cancelled")
+                self._finish(job, job.cancelled)
             while self.waiting and None in self.slots:
                 b = self.slots.index(None)
                 self.slots[b] = job = self.waiting.popleft()
                 self.drafter.prefill([job.request.prompt_ids], [b])
         for b, job in enumerate(self.slots):
             if job is not None and job.cancelled:
-                self._end(b, "cancelled")
+                self._end(b, job.cancelled)
 
     def _read_prompts(self) -> None:
         """Up to prefill_chunk prompt tokens, oldest request first; a row whose prompt is read

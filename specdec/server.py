@@ -5,13 +5,15 @@
 
 Every request is checked before any compute and refused with 400 naming the field; a full
 queue gets 429; a client that disconnects cancels its request; the one model it serves is
-the only one it ever loads. Extensions to OpenAI's fields: `top_k`, `ignore_eos` and
-`return_token_ids` (as vLLM reads them) and `speculative: false` (decode this request
-without drafts; its output is the same, only its speed changes).
+the only one it ever loads. A stop string ends the answer before it (`Output`). Extensions to
+OpenAI's fields: `top_k`, `ignore_eos` and `return_token_ids` (as vLLM reads them) and
+`speculative: false` (decode this request without drafts; its output is the same, only its
+speed changes).
 """
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
 import time
 import uuid
@@ -24,10 +26,10 @@ from starlette.routing import Route
 from .batcher import Batcher, Closed, Job, QueueFull
 from .request import check_request
 
-COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stream", "stream_options", "n",
-          "ignore_eos", "speculative", "return_token_ids", "user"}
+COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stream", "stream_options",
+          "n", "ignore_eos", "speculative", "return_token_ids", "user"}
 FIELDS = {"chat": COMMON | {"messages", "max_completion_tokens"}, "text": COMMON | {"prompt"}}
-FINISH = {"eos": "stop", "length": "length", "cancelled": "abort"}  # our reasons -> OpenAI's (and vLLM's metrics')
+FINISH = {"eos": "stop", "stop": "stop", "length": "length", "cancelled": "abort"}  # our reasons -> OpenAI's (and vLLM's metrics')
 
 
 class BadRequest(Exception):
@@ -58,6 +60,55 @@ class TextDelta:
 
     def _decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+
+class Output:
+    """A request's answer as it arrives: the text to send now, and the ids it came from. With
+    stop strings, the text ends before the first one, and the ids with the token that completed
+    it; text that could be the start of one is held back until the next tokens tell."""
+
+    def __init__(self, tokenizer, stop: list[str] = ()):
+        self.delta, self.stop = TextDelta(tokenizer), list(stop)
+        self.ids, self.text = [], ""  # all the answer's ids (up to the stop) and its text
+        self.sent, self.searched, self.stopped = 0, 0, False  # text handed out; text searched for stops
+
+    def __call__(self, new: list[int], final: bool = False) -> tuple[str, list[int]]:
+        start = len(self.ids)
+        if self.stopped:
+            return "", []
+        if not self.stop:
+            self.ids += new
+            self.text += self.delta(new, final)
+        for i, token in enumerate(new if self.stop else ()):  # one at a time, to know which one stops
+            self.ids.append(token)
+            self.text += self.delta([token], final and i == len(new) - 1)
+            cut = self._stop_at()
+            if cut is not None:
+                self.text, self.stopped = self.text[:cut], True
+                break
+        end = len(self.text) if final or self.stopped else len(self.text) - self._held()
+        text, self.sent = self.text[self.sent:end], max(self.sent, end)
+        return text, self.ids[start:]
+
+    def _stop_at(self) -> int | None:
+        """Where the first stop string starts, if one has appeared since the last search."""
+        frm = max(0, self.searched - max(map(len, self.stop)) + 1)
+        self.searched = len(self.text)
+        found = [i for i in (self.text.find(s, frm) for s in self.stop) if i >= 0]
+        return min(found) if found else None
+
+    def _held(self) -> int:
+        """How much of the text's end is the start of a stop string (0: none of it)."""
+        return max((n for s in self.stop for n in range(min(len(s) - 1, len(self.text)), 0, -1)
+                    if self.text.endswith(s[:n])), default=0)
+
+
+def _stop_strings(body: dict) -> list[str]:
+    stop = body.get("stop")
+    stop = [stop] if isinstance(stop, str) else [] if stop is None else stop
+    if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop):
+        raise BadRequest("stop must be a non-empty string or a list of them", "stop")
+    return stop
 
 
 def _field(body: dict, name: str, kinds, default=None):
@@ -112,8 +163,11 @@ class Server:
         for i, n in enumerate(spec.accepted_at):
             lines.append(f'specdec:spec_decode_num_accepted_tokens_per_pos_total{{{label},position="{i}"}} {n}')
         lines.append("# TYPE specdec:request_success_total counter")
-        for reason, n in sorted(c.finished.items()):
-            lines.append(f'specdec:request_success_total{{{label},finished_reason="{FINISH.get(reason, reason)}"}} {n}')
+        finished = collections.Counter()
+        for reason, n in c.finished.items():  # in OpenAI's words: EOS and a stop string are both "stop"
+            finished[FINISH.get(reason, reason)] += n
+        for reason, n in sorted(finished.items()):
+            lines.append(f'specdec:request_success_total{{{label},finished_reason="{reason}"}} {n}')
         return PlainTextResponse("\n".join(lines) + "\n", media_type="text/plain; version=0.0.4")
 
     async def chat(self, request: HTTPRequest) -> Response:
@@ -174,6 +228,7 @@ class Server:
         if set(options) - {"include_usage"}:
             raise BadRequest(f"unknown stream_options field {sorted(set(options) - {'include_usage'})[0]!r}",
                              "stream_options")
+        stop = _stop_strings(body)
         ids = self._prompt_ids(body, kind)
         where = "messages" if kind == "chat" else "prompt"
         if len(ids) >= self.batcher.context:
@@ -201,7 +256,7 @@ class Server:
         if _field(body, "ignore_eos", (bool,), False):
             req.eos = ()
         flags = {"stream": stream, "usage": bool(options.get("include_usage")),
-                 "ids": _field(body, "return_token_ids", (bool,), False)}
+                 "ids": _field(body, "return_token_ids", (bool,), False), "stop": stop}
         return req, _field(body, "speculative", (bool,), True), flags
 
     # ------------------------------------------------------------------ answering
@@ -234,9 +289,9 @@ class Server:
             return StreamingResponse(self._stream(job, events, kind, rid, flags), media_type="text/event-stream")
         return await self._whole(request, job, events, kind, rid, flags)
 
-    def _usage(self, req) -> dict:
+    def _usage(self, req, n: int) -> dict:
+        """n: the answer's tokens (those up to a stop string; the engine may have gone past it)."""
         s = req.stats
-        n = len(req.out)
         return {"prompt_tokens": len(req.prompt_ids), "completion_tokens": n, "total_tokens": len(req.prompt_ids) + n,
                 "speculation": {"drafted": s.drafted, "accepted": s.accepted, "target_passes": s.target_calls}}
 
@@ -257,8 +312,8 @@ class Server:
         return {"id": rid, "object": obj, "created": int(time.time()), "model": self.name}
 
     async def _whole(self, request: HTTPRequest, job: Job, events: asyncio.Queue, kind, rid, flags) -> Response:
-        """Wait for the whole answer; a client gone meanwhile cancels it."""
-        gone = asyncio.ensure_future(_disconnected(request))
+        """Wait for the whole answer (or a stop string); a client gone meanwhile cancels it."""
+        gone, output = asyncio.ensure_future(_disconnected(request)), Output(self.tokenizer, flags["stop"])
         try:
             while True:
                 get = asyncio.ensure_future(events.get())
@@ -268,23 +323,25 @@ class Server:
                     self.batcher.cancel(job)
                     return Response(status_code=499)
                 new, reason = get.result()
+                if reason in ("cancelled", "error"):
+                    return error(503 if reason == "cancelled" else 500, f"the request was {reason}: the server is "
+                                 "shutting down" if reason == "cancelled" else "the engine failed on this request",
+                                 kind="server_error")
+                output(new, final=reason is not None)
+                if output.stopped:
+                    self.batcher.cancel(job, "stop")  # the answer is whole: the engine need not go on
+                    reason = "stop"
                 if reason is not None:
                     break
         finally:
             gone.cancel()
-        req = job.request
-        if reason in ("cancelled", "error"):
-            return error(503 if reason == "cancelled" else 500, f"the request was {reason}: the server is "
-                         "shutting down" if reason == "cancelled" else "the engine failed on this request",
-                         kind="server_error")
-        text = self.tokenizer.decode(req.out, skip_special_tokens=True)
         return JSONResponse(self._envelope(kind, rid, False) | {
-            "choices": [self._choice(kind, text, reason, req.out if flags["ids"] else None)],
-            "usage": self._usage(req)})
+            "choices": [self._choice(kind, output.text, reason, output.ids if flags["ids"] else None)],
+            "usage": self._usage(job.request, len(output.ids))})
 
     async def _stream(self, job: Job, events: asyncio.Queue, kind, rid, flags):
         """Server-sent events: a chunk a step; closing the stream (a client gone) cancels the job."""
-        delta, head, done = TextDelta(self.tokenizer), self._envelope(kind, rid, True), False
+        output, head, done = Output(self.tokenizer, flags["stop"]), self._envelope(kind, rid, True), False
         try:
             if kind == "chat":
                 yield _sse(head | {"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
@@ -295,15 +352,18 @@ class Server:
                     done = True
                     yield _sse({"error": {"message": f"the request was {reason}", "type": "server_error"}})
                     return
-                text = delta(new, final=reason is not None)
-                if text or reason or (new and flags["ids"]):
-                    yield _sse(head | {"choices": [self._choice(kind, text, reason, new if flags["ids"] else None,
+                text, ids = output(new, final=reason is not None)
+                if output.stopped:
+                    self.batcher.cancel(job, "stop")
+                    reason = "stop"
+                if text or reason or (ids and flags["ids"]):
+                    yield _sse(head | {"choices": [self._choice(kind, text, reason, ids if flags["ids"] else None,
                                                                 delta=True)]})
                 if reason is not None:
                     done = True
                     break
             if flags["usage"]:
-                yield _sse(head | {"choices": [], "usage": self._usage(job.request)})
+                yield _sse(head | {"choices": [], "usage": self._usage(job.request, len(output.ids))})
             yield "data: [DONE]\n\n"
         finally:
             if not done:

@@ -162,6 +162,42 @@ def test_streamed_text_is_the_whole_decoding_read_in_short_windows(model):
         assert max(calls) <= len(ids) // 10 and sum(calls) <= 8 * len(ids), (max(calls), sum(calls), len(ids))
 
 
+def first_stop(tok, ids: list[int], stops: list[str]) -> tuple[str, int]:
+    """The text before the first stop string, and how many ids it took to write the stop string."""
+    text = tok.decode(ids, skip_special_tokens=True)
+    cut = min((text.find(s) for s in stops if s in text), default=len(text))
+    n = next((k for k in range(1, len(ids) + 1)
+              if any(s in tok.decode(ids[:k], skip_special_tokens=True) for s in stops)), len(ids))
+    return text[:cut], n
+
+
+def test_stop_strings_cut_the_text_and_hold_back_what_may_begin_one(model):
+    """Fed in random chunks, the text sent is the whole decoding up to the first stop string
+    (none of it, nor any text after it), and the ids end with the token that completed it. A stop
+    string's start at the very end is held until the end, then sent."""
+    from specdec.server import Output
+
+    tok = model.tokenizer
+    text = "Naïve café: 東京は晴れ 🌊🐟 — x² ≥ 0, ok.\n  Indented line; the end. " * 3
+    ids = tok(text, add_special_tokens=False)["input_ids"]
+    cases = [["晴れ"], ["🐟"], ["line;", "x²"], [" ok.\n  Ind"], ["the end. Na"], ["end. " * 2], ["absent"], ["."]]
+    rng = random.Random(1)
+    for stops in cases:
+        want, n = first_stop(tok, ids, stops)
+        for trial in range(4):
+            output, sent, consumed, i = Output(tok, stops), [], [], 0
+            while i < len(ids) and not output.stopped:
+                k = rng.choice([1, 1, 2, 3, 7])
+                text_now, ids_now = output(ids[i:i + k], final=i + k >= len(ids))
+                sent.append(text_now)
+                consumed += ids_now
+                i += k
+                assert not any(s in "".join(sent) for s in stops), (stops, sent)
+            assert "".join(sent) == want and output.text == want, (stops, trial)
+            assert consumed == ids[:n] == output.ids, (stops, trial, len(consumed), n)
+            assert output.stopped == any(s in tok.decode(ids) for s in stops)
+
+
 def answers_at_once(url: str, cases: list) -> list[list[int]]:
     """Each case (prompt, sampling, speculative) sent by its own client, all at once: the ids."""
     async def one(client, prompt, sampling, spec):
@@ -200,6 +236,33 @@ def test_a_model_draft_serves_the_solo_output_too(model):
         assert stop(proc) == 0
 
 
+def test_a_stop_string_ends_the_answer_streamed_and_not(server, model):
+    """The answer ends before the first stop string, finished for "stop", its usage counting the
+    tokens up to the one that completed it; the row is freed, and /metrics counts a "stop"."""
+    want_ids = solo(model, PROMPTS[3], 48)
+    whole = model.tokenizer.decode(want_ids, skip_special_tokens=True)
+    word = whole.split()[len(whole.split()) // 2]  # a word from the middle of the answer
+    text, n = first_stop(model.tokenizer, want_ids, [word, "zzqx"])
+    assert 0 < n < len(want_ids)
+    before = idle(server)
+    body = {"messages": [{"role": "user", "content": PROMPTS[3]}], "max_tokens": 48, "temperature": 0,
+            "stop": [word, "zzqx"], "return_token_ids": True}
+    r = post(server, "/v1/chat/completions", body).json()
+    choice = r["choices"][0]
+    assert (choice["message"]["content"], choice["finish_reason"]) == (text, "stop")
+    assert choice["token_ids"] == want_ids[:n] and r["usage"]["completion_tokens"] == n
+    with httpx.stream("POST", server + "/v1/chat/completions", timeout=120,
+                      json=body | {"stop": word, "stream": True, "stream_options": {"include_usage": True}}) as s:
+        chunks = [json.loads(line[5:]) for line in s.iter_lines() if line.startswith("data:") and "[DONE]" not in line]
+    parts = [c["choices"][0] for c in chunks if c["choices"]]
+    assert "".join(p["delta"].get("content", "") for p in parts) == whole[:whole.index(word)]
+    assert parts[-1]["finish_reason"] == "stop" and [p["finish_reason"] for p in parts[:-1]] == [None] * (len(parts) - 1)
+    assert chunks[-1]["usage"]["completion_tokens"] == n == len(sum((p.get("token_ids") or [] for p in parts), []))
+    after = idle(server)
+    assert total(after, "request_success_total", finished_reason="stop") - \
+        total(before, "request_success_total", finished_reason="stop") == 2
+
+
 def test_defaults_temperature_1_and_the_rest_of_the_context(server, model):
     """Without temperature a request samples at 1.0 (OpenAI's default); without max_tokens it may
     use the rest of the context (1024 here), and no more."""
@@ -224,7 +287,8 @@ BAD = [({"messages": "hi"}, "messages"), ({"messages": [{"role": "user", "conten
        ({"messages": [{"role": "user", "content": "hi"}], "seed": -3}, "seed"),
        ({"messages": [{"role": "user", "content": "hi"}], "n": 2}, "n"),
        ({"messages": [{"role": "user", "content": "hi"}], "speculative": "no"}, "speculative"),
-       ({"messages": [{"role": "user", "content": "hi"}], "stop": ["\n"]}, "stop"),
+       ({"messages": [{"role": "user", "content": "hi"}], "stop": ["\n", ""]}, "stop"),
+       ({"messages": [{"role": "user", "content": "hi"}], "stop": 3}, "stop"),
        ({"messages": [{"role": "user", "content": "hi"}], "frobnicate": 1}, "frobnicate")]
 
 
