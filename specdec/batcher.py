@@ -104,16 +104,17 @@ class Batcher:
 
     # ------------------------------------------------------------------ any thread
 
-    def submit(self, job: Job) -> None:
-        """Queue a checked request (request.check_request); QueueFull or Closed if it cannot wait."""
+    def submit(self, *jobs: Job) -> None:
+        """Queue checked requests (request.check_request), all or none; QueueFull or Closed if they
+        cannot wait."""
         with self._wake:
             if self.closing:
                 raise Closed("the server is shutting down")
             free = self.slots.count(None)  # rows the engine fills at its next step
-            if len(self.waiting) - free >= self.queue_size:
-                raise QueueFull(f"{len(self.waiting) - free} requests are waiting for a row already "
+            if len(self.waiting) + len(jobs) - free > self.queue_size:
+                raise QueueFull(f"{max(len(self.waiting) - free, 0)} requests are waiting for a row already "
                                 f"(--queue-size {self.queue_size})")
-            self.waiting.append(job)
+            self.waiting.extend(jobs)
             self._wake.notify()
 
     def cancel(self, job: Job, reason: str = "cancelled") -> None:
@@ -216,7 +217,7 @@ class Batcher:
             self.counters.prompt_tokens += len(blocks[b])
             r = job.request
             if job.read == len(r.prompt_ids):
-                new = r.add([choose(logits[b][-1], r.params, r.noise, len(r.prompt_ids))])
+                new = r.add([choose(logits[b][-1], r.params, r.noise, len(r.prompt_ids))], logits[b][-1:])
                 self._emit(b, new)
 
     def _decode(self, live: list[int]) -> None:

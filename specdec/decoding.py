@@ -131,7 +131,7 @@ def speculative_step(rows: Rows, drafter, schedule, fixed: FixedCosts | None, re
     with step("verify"):  # verify: one pass scores every live row's [pending, d1..dk]
         logits = rows.forward([[ids[b][-1]] + drafted[b] if b in ids else [] for b in range(rows.batch)])
         verdicts = {b: verify(drafted[b], logits[b], r.params, r.noise, len(ids[b])) for b, r in requests.items()}
-    new = {b: r.accept(drafted[b], *verdicts[b], totals) for b, r in requests.items()}  # accept
+    new = {b: r.accept(drafted[b], *verdicts[b], totals, logits[b]) for b, r in requests.items()}  # accept
     outcomes = [(plan[b][0], len(drafted[b]), verdicts[b][0]) for b in live]
     costs = fixed.step(outcomes) if fixed else (step.elapsed.get("draft", 0.0) - setup, step.elapsed["verify"])
     schedule.update_batch(outcomes, *costs)  # learn

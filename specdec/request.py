@@ -10,7 +10,7 @@ from typing import Sequence
 import torch
 
 from .models.base import LanguageModel, Rows
-from .sampling import MIN_TEMPERATURE, Noise, SamplingParams, choose
+from .sampling import MIN_TEMPERATURE, Noise, SamplingParams, choose, logprobs
 
 
 @dataclass
@@ -214,12 +214,15 @@ def check_request(model, tokenizer, prompt, max_tokens, temperature=0.0, top_k=N
 
 class Request:
     """One prompt's generation: its ids, limits, sampling and noise (sampling.Noise), what it
-    generated so far, why it stopped (None: it goes on) and its stats."""
+    generated so far, why it stopped (None: it goes on) and its stats. logprobs: None, or how
+    many of the most likely alternatives to keep beside each output token's log-probability
+    (in `self.logprobs_out`, one (logprob, [(id, logprob), ...]) a token)."""
 
     def __init__(self, prompt_ids: list[int], max_tokens: int, params: SamplingParams, noise: Noise,
-                 eos: tuple[int, ...]):
+                 eos: tuple[int, ...], logprobs: int | None = None):
         self.prompt_ids, self.max_tokens, self.params, self.noise, self.eos = prompt_ids, max_tokens, params, noise, eos
         self.out: list[int] = []
+        self.logprobs, self.logprobs_out = logprobs, []
         self.reason: str | None = None if max_tokens else "length"
         self.stats = Stats()
 
@@ -231,17 +234,22 @@ class Request:
         """Drafts it could still keep: a step always adds one target token after them."""
         return self.max_tokens - len(self.out) - 1
 
-    def add(self, new: list[int]) -> list[int]:
-        """A pass yielded `new`: keep it up to an EOS or max_tokens; the ids kept."""
+    def add(self, new: list[int], scores: torch.Tensor | None = None) -> list[int]:
+        """A pass yielded `new`: keep it up to an EOS or max_tokens; the ids kept. scores: the
+        logits [>= len(new), V] that chose them, row for row (for a request that keeps logprobs)."""
         self.stats.target_calls += 1
         before = len(self.out)
         self.reason = _finish(self.out, new, self.eos, self.max_tokens)
-        return self.out[before:]
+        kept = self.out[before:]
+        if self.logprobs is not None and kept:
+            self.logprobs_out += logprobs(scores, kept, self.logprobs)
+        return kept
 
-    def accept(self, drafted: list[int], n_accepted: int, token: int, totals: Stats | None = None) -> list[int]:
+    def accept(self, drafted: list[int], n_accepted: int, token: int, totals: Stats | None = None,
+               scores: torch.Tensor | None = None) -> list[int]:
         """A verify step kept drafted[:n_accepted] and the target's token; the ids kept. The
-        step's drafts are counted in the stats (and in totals, if given)."""
-        new = self.add(drafted[:n_accepted] + [token])
+        step's drafts are counted in the stats (and in totals, if given); scores as in `add`."""
+        new = self.add(drafted[:n_accepted] + [token], scores)
         # An EOS among the accepted drafts ends the block: the drafts after it were neither
         # accepted nor rejected, just discarded, so they are not counted at all.
         kept = min(n_accepted, len(new))

@@ -135,3 +135,13 @@ def verify(draft: list[int], target_logits: torch.Tensor, params: SamplingParams
         if token != d:
             return n, token
     return len(draft), choose(target_logits[len(draft)], params, noise, position + len(draft))
+
+
+def logprobs(logits: torch.Tensor, ids: list[int], top: int) -> list[tuple[float, list[tuple[int, float]]]]:
+    """For each row i of logits [n, V] (n >= len(ids)): the log-probability of ids[i] there, and
+    the `top` most likely ids with theirs. Of the model's own distribution (before temperature,
+    top-k and top-p), as vLLM reports them by default."""
+    lp = torch.log_softmax(logits[:len(ids)].float(), -1)
+    chosen = lp[torch.arange(len(ids)), torch.tensor(ids)].tolist()
+    values, indices = lp.topk(top, -1) if top else (lp[:, :0], lp[:, :0].long())
+    return [(c, list(zip(i, v))) for c, i, v in zip(chosen, indices.tolist(), values.tolist())]

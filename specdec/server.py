@@ -17,6 +17,7 @@ import collections
 import json
 import time
 import uuid
+from dataclasses import dataclass
 
 from starlette.applications import Starlette
 from starlette.requests import Request as HTTPRequest
@@ -24,12 +25,15 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response, Strea
 from starlette.routing import Route
 
 from .batcher import Batcher, Closed, Job, QueueFull
-from .request import check_request
+from .request import check_request, row_seeds
 
 COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stream", "stream_options",
           "n", "ignore_eos", "speculative", "return_token_ids", "user"}
-FIELDS = {"chat": COMMON | {"messages", "max_completion_tokens"}, "text": COMMON | {"prompt"}}
-FINISH = {"eos": "stop", "stop": "stop", "length": "length", "cancelled": "abort"}  # our reasons -> OpenAI's (and vLLM's metrics')
+FIELDS = {"chat": COMMON | {"messages", "max_completion_tokens", "logprobs", "top_logprobs"},
+          "text": COMMON | {"prompt", "logprobs"}}
+MAX_LOGPROBS = 20  # alternatives a token may ask for (OpenAI's bound for chat)
+# Our finish reasons in OpenAI's words (and vLLM's metrics'): EOS and a stop string are both "stop".
+FINISH = {"eos": "stop", "stop": "stop", "length": "length", "cancelled": "abort"}
 
 
 class BadRequest(Exception):
@@ -103,6 +107,55 @@ class Output:
                     if self.text.endswith(s[:n])), default=0)
 
 
+class Logprobs:
+    """A choice's `logprobs`, in its endpoint's form, for the output's tokens as they are sent:
+    chat's list of {token, logprob, bytes, top_logprobs}, or completions' parallel lists."""
+
+    def __init__(self, tokenizer, kind: str, request):
+        self.tokenizer, self.kind, self.request = tokenizer, kind, request
+        self.given, self.offset = 0, 0  # tokens given so far; their text's length (text_offset)
+
+    def __call__(self, n: int) -> dict | None:
+        """The next n tokens' entries (None: the request did not ask for logprobs)."""
+        if self.request.logprobs is None:
+            return None
+        start, self.given = self.given, self.given + n
+        ids, entries = self.request.out[start:self.given], self.request.logprobs_out[start:self.given]
+        tokens = [self._text(t) for t in ids]
+        if self.kind == "chat":
+            return {"content": [self._entry(s, lp) | {"top_logprobs": [self._entry(self._text(i), v) for i, v in top]}
+                                for s, (lp, top) in zip(tokens, entries)]}
+        offsets = []
+        for s in tokens:
+            offsets.append(self.offset)
+            self.offset += len(s)
+        return {"tokens": tokens, "token_logprobs": [lp for lp, _ in entries],
+                "top_logprobs": [{self._text(i): v for i, v in top} for _, top in entries], "text_offset": offsets}
+
+    def _text(self, token: int) -> str:
+        return self.tokenizer.decode([token])
+
+    @staticmethod
+    def _entry(token: str, logprob: float) -> dict:
+        return {"token": token, "logprob": logprob, "bytes": list(token.encode("utf-8", errors="replace"))}
+
+
+def _logprobs(body: dict, kind: str) -> int | None:
+    """How many alternatives a token's logprobs list (None: no logprobs): chat asks with
+    `logprobs: true` and `top_logprobs`, completions with `logprobs: n`."""
+    name = "logprobs"
+    if kind == "chat":
+        want, top = _field(body, "logprobs", (bool,), False), _field(body, "top_logprobs", (int,))
+        if top is not None and not want:
+            raise BadRequest("top_logprobs needs logprobs: true", "top_logprobs")
+        name, top = "top_logprobs", (top or 0) if want else None
+    else:
+        top = _field(body, "logprobs", (int,))
+    if top is not None and not 0 <= top <= MAX_LOGPROBS:
+        raise BadRequest(f"{name} must be in [0, {MAX_LOGPROBS}], got {top}", name)
+    return top
+
+
 def _stop_strings(body: dict) -> list[str]:
     stop = body.get("stop")
     stop = [stop] if isinstance(stop, str) else [] if stop is None else stop
@@ -164,7 +217,7 @@ class Server:
             lines.append(f'specdec:spec_decode_num_accepted_tokens_per_pos_total{{{label},position="{i}"}} {n}')
         lines.append("# TYPE specdec:request_success_total counter")
         finished = collections.Counter()
-        for reason, n in c.finished.items():  # in OpenAI's words: EOS and a stop string are both "stop"
+        for reason, n in c.finished.items():
             finished[FINISH.get(reason, reason)] += n
         for reason, n in sorted(finished.items()):
             lines.append(f'specdec:request_success_total{{{label},finished_reason="{reason}"}} {n}')
@@ -221,14 +274,15 @@ class Server:
         model = _field(body, "model", (str,))
         if model is not None and model != self.name:
             raise BadRequest(f"model {model!r} is not served here (this server serves {self.name!r})", "model")
-        if _field(body, "n", (int,), 1) != 1:
-            raise BadRequest("n must be 1", "n")
+        n = _field(body, "n", (int,), 1)
+        if not 1 <= n <= self.batcher.max_batch:
+            raise BadRequest(f"n must be in [1, {self.batcher.max_batch}] (--max-batch), got {n}", "n")
         stream = _field(body, "stream", (bool,), False)
         options = _field(body, "stream_options", (dict,), {}) or {}
         if set(options) - {"include_usage"}:
             raise BadRequest(f"unknown stream_options field {sorted(set(options) - {'include_usage'})[0]!r}",
                              "stream_options")
-        stop = _stop_strings(body)
+        stop, logprobs = _stop_strings(body), _logprobs(body, kind)
         ids = self._prompt_ids(body, kind)
         where = "messages" if kind == "chat" else "prompt"
         if len(ids) >= self.batcher.context:
@@ -240,12 +294,11 @@ class Server:
             max_tokens = max(self.batcher.context - len(ids), 0)
         elif max_tokens < 1:
             raise BadRequest(f"{name} must be >= 1, got {max_tokens}", name)
-        sampling = {k: body.get(k, d) for k, d in (("temperature", 1.0), ("top_p", None), ("top_k", None),
-                                                   ("seed", None))}
-        try:
-            req = check_request(self.model, self.tokenizer, ids, max_tokens, context=self.batcher.context, **sampling)
-            if self.batcher.drafter is not None:
-                self.batcher.drafter.check_prompts([req.prompt_ids])
+        sampling = {k: body.get(k, d) for k, d in (("temperature", 1.0), ("top_p", None), ("top_k", None))}
+        try:  # choice i samples with seed + i, as row i of a batch does (request.row_seeds)
+            requests = [check_request(self.model, self.tokenizer, ids, max_tokens, context=self.batcher.context,
+                                      seed=seed, **sampling) for seed in row_seeds(body.get("seed"), n)]
+            self.batcher.drafter.check_prompts([ids])
         except (ValueError, TypeError) as exc:
             message = str(exc)  # each check's message starts with what it checks
             param = next((k for k in ("temperature", "top_p", "top_k", "seed", "max_tokens") if message.startswith(k)),
@@ -253,11 +306,12 @@ class Server:
             if param is None:  # the prompt's ids, or prompt + max_tokens over the context (the prompt fits)
                 param = name if message.startswith("prompt (") else where
             raise BadRequest(message.replace("max_tokens", name), name if param == "max_tokens" else param) from None
-        if _field(body, "ignore_eos", (bool,), False):
-            req.eos = ()
+        ignore_eos = _field(body, "ignore_eos", (bool,), False)
+        for req in requests:
+            req.eos, req.logprobs = () if ignore_eos else req.eos, logprobs
         flags = {"stream": stream, "usage": bool(options.get("include_usage")),
                  "ids": _field(body, "return_token_ids", (bool,), False), "stop": stop}
-        return req, _field(body, "speculative", (bool,), True), flags
+        return requests, _field(body, "speculative", (bool,), True), flags
 
     # ------------------------------------------------------------------ answering
 
@@ -267,40 +321,60 @@ class Server:
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             return error(400, f"malformed JSON: {exc}")
         try:
-            req, speculative, flags = self._check(body, kind)
+            requests, speculative, flags = self._check(body, kind)
         except BadRequest as exc:
             return error(400, str(exc), exc.param)
         loop, events = asyncio.get_running_loop(), asyncio.Queue()
 
-        def emit(new, reason):  # on the engine thread
-            try:
-                loop.call_soon_threadsafe(events.put_nowait, (new, reason))
-            except RuntimeError:  # the loop has closed (shutdown): nobody is waiting
-                pass
-        job = Job(req, emit, speculative)
+        def emitter(i: int):
+            def emit(new, reason):  # on the engine thread
+                try:
+                    loop.call_soon_threadsafe(events.put_nowait, (i, new, reason))
+                except RuntimeError:  # the loop has closed (shutdown): nobody is waiting
+                    pass
+            return emit
+        choices = [Choice(Job(req, emitter(i), speculative), Output(self.tokenizer, flags["stop"]),
+                          Logprobs(self.tokenizer, kind, req)) for i, req in enumerate(requests)]
         try:
-            self.batcher.submit(job)
+            self.batcher.submit(*(c.job for c in choices))
         except QueueFull as exc:
             return error(429, f"the queue is full: {exc}", kind="rate_limit_exceeded")
         except Closed as exc:
             return error(503, str(exc), kind="unavailable")
         rid = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex
+        answer = (self._stream if flags["stream"] else self._whole)(request, choices, events, kind, rid, flags)
         if flags["stream"]:
-            return StreamingResponse(self._stream(job, events, kind, rid, flags), media_type="text/event-stream")
-        return await self._whole(request, job, events, kind, rid, flags)
+            return StreamingResponse(answer, media_type="text/event-stream")
+        return await answer
 
-    def _usage(self, req, n: int) -> dict:
-        """n: the answer's tokens (those up to a stop string; the engine may have gone past it)."""
-        s = req.stats
-        return {"prompt_tokens": len(req.prompt_ids), "completion_tokens": n, "total_tokens": len(req.prompt_ids) + n,
-                "speculation": {"drafted": s.drafted, "accepted": s.accepted, "target_passes": s.target_calls}}
+    def _next(self, choices: list["Choice"], i: int, new: list[int], reason: str | None):
+        """Choice i's news: the text and ids to send, and its finish reason if it ended (a stop
+        string ends it here, and its job at the next step)."""
+        c = choices[i]
+        text, ids = c.output(new, final=reason is not None)
+        if c.output.stopped:
+            self.batcher.cancel(c.job, "stop")
+            reason = "stop"
+        c.reason = reason
+        return text, ids, reason
 
-    def _choice(self, kind: str, text: str, reason: str | None, ids=None, delta: bool = False) -> dict:
+    def _usage(self, choices: list["Choice"]) -> dict:
+        """completion_tokens: the answers' tokens (those up to a stop string; the engine may
+        have gone past it)."""
+        n, stats = sum(len(c.output.ids) for c in choices), [c.job.request.stats for c in choices]
+        prompt = len(choices[0].job.request.prompt_ids)
+        return {"prompt_tokens": prompt, "completion_tokens": n, "total_tokens": prompt + n,
+                "speculation": {"drafted": sum(s.drafted for s in stats), "accepted": sum(s.accepted for s in stats),
+                                "target_passes": sum(s.target_calls for s in stats)}}
+
+    def _choice(self, kind: str, index: int, text: str, reason: str | None, ids=None, logprobs=None,
+                delta: bool = False) -> dict:
         if kind == "chat":
-            body = {"index": 0, "delta" if delta else "message": ({"content": text} if delta else
-                                                                    {"role": "assistant", "content": text})}
+            body = {"index": index, "delta" if delta else "message": ({"content": text} if delta else
+                                                                        {"role": "assistant", "content": text})}
         else:
-            body = {"index": 0, "text": text, "logprobs": None}
+            body = {"index": index, "text": text}
+        body["logprobs"] = logprobs
         body["finish_reason"] = FINISH.get(reason) if reason else None
         if ids is not None:
             body["token_ids"] = ids
@@ -311,63 +385,75 @@ class Server:
                                                                                else "")
         return {"id": rid, "object": obj, "created": int(time.time()), "model": self.name}
 
-    async def _whole(self, request: HTTPRequest, job: Job, events: asyncio.Queue, kind, rid, flags) -> Response:
-        """Wait for the whole answer (or a stop string); a client gone meanwhile cancels it."""
-        gone, output = asyncio.ensure_future(_disconnected(request)), Output(self.tokenizer, flags["stop"])
+    def _cancel(self, choices: list["Choice"]) -> None:
+        for c in choices:
+            if c.reason is None:
+                self.batcher.cancel(c.job)
+
+    async def _whole(self, request: HTTPRequest, choices, events: asyncio.Queue, kind, rid, flags) -> Response:
+        """Wait for every whole answer (or its stop string); a client gone meanwhile cancels them."""
+        gone = asyncio.ensure_future(_disconnected(request))
         try:
-            while True:
+            while any(c.reason is None for c in choices):
                 get = asyncio.ensure_future(events.get())
                 await asyncio.wait({get, gone}, return_when=asyncio.FIRST_COMPLETED)
                 if not get.done():
                     get.cancel()
-                    self.batcher.cancel(job)
+                    self._cancel(choices)
                     return Response(status_code=499)
-                new, reason = get.result()
+                i, new, reason = get.result()
+                if choices[i].reason is not None:
+                    continue  # tokens past a stop string
                 if reason in ("cancelled", "error"):
+                    self._cancel(choices)
                     return error(503 if reason == "cancelled" else 500, f"the request was {reason}: the server is "
                                  "shutting down" if reason == "cancelled" else "the engine failed on this request",
                                  kind="server_error")
-                output(new, final=reason is not None)
-                if output.stopped:
-                    self.batcher.cancel(job, "stop")  # the answer is whole: the engine need not go on
-                    reason = "stop"
-                if reason is not None:
-                    break
+                self._next(choices, i, new, reason)
         finally:
             gone.cancel()
         return JSONResponse(self._envelope(kind, rid, False) | {
-            "choices": [self._choice(kind, output.text, reason, output.ids if flags["ids"] else None)],
-            "usage": self._usage(job.request, len(output.ids))})
+            "choices": [self._choice(kind, i, c.output.text, c.reason, c.output.ids if flags["ids"] else None,
+                                     c.logprobs(len(c.output.ids))) for i, c in enumerate(choices)],
+            "usage": self._usage(choices)})
 
-    async def _stream(self, job: Job, events: asyncio.Queue, kind, rid, flags):
-        """Server-sent events: a chunk a step; closing the stream (a client gone) cancels the job."""
-        output, head, done = Output(self.tokenizer, flags["stop"]), self._envelope(kind, rid, True), False
+    async def _stream(self, _: HTTPRequest, choices, events: asyncio.Queue, kind, rid, flags):
+        """Server-sent events: a chunk a step for each choice; closing the stream (a client gone)
+        cancels the jobs."""
+        head = self._envelope(kind, rid, True)
         try:
             if kind == "chat":
-                yield _sse(head | {"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
-                                                "finish_reason": None}]})
-            while True:
-                new, reason = await events.get()
+                for i in range(len(choices)):
+                    yield _sse(head | {"choices": [{"index": i, "delta": {"role": "assistant", "content": ""},
+                                                    "logprobs": None, "finish_reason": None}]})
+            while any(c.reason is None for c in choices):
+                i, new, reason = await events.get()
+                c = choices[i]
+                if c.reason is not None:
+                    continue  # tokens past a stop string
                 if reason in ("cancelled", "error"):
-                    done = True
                     yield _sse({"error": {"message": f"the request was {reason}", "type": "server_error"}})
                     return
-                text, ids = output(new, final=reason is not None)
-                if output.stopped:
-                    self.batcher.cancel(job, "stop")
-                    reason = "stop"
-                if text or reason or (ids and flags["ids"]):
-                    yield _sse(head | {"choices": [self._choice(kind, text, reason, ids if flags["ids"] else None,
-                                                                delta=True)]})
-                if reason is not None:
-                    done = True
-                    break
+                text, ids, reason = self._next(choices, i, new, reason)
+                if text or reason or (ids and (flags["ids"] or c.job.request.logprobs is not None)):
+                    yield _sse(head | {"choices": [self._choice(kind, i, text, reason, ids if flags["ids"] else None,
+                                                                c.logprobs(len(ids)), delta=True)]})
             if flags["usage"]:
-                yield _sse(head | {"choices": [], "usage": self._usage(job.request, len(output.ids))})
+                yield _sse(head | {"choices": [], "usage": self._usage(choices)})
             yield "data: [DONE]\n\n"
         finally:
-            if not done:
-                self.batcher.cancel(job)
+            self._cancel(choices)
+
+
+@dataclass(eq=False)
+class Choice:
+    """One of a request's n answers: its job in the batcher, its text and logprobs as they come,
+    and its finish reason once it has ended (here: a stop string ends it before its job does)."""
+
+    job: Job
+    output: Output
+    logprobs: Logprobs
+    reason: str | None = None
 
 
 def _sse(obj: dict) -> str:

@@ -256,11 +256,78 @@ def test_a_stop_string_ends_the_answer_streamed_and_not(server, model):
         chunks = [json.loads(line[5:]) for line in s.iter_lines() if line.startswith("data:") and "[DONE]" not in line]
     parts = [c["choices"][0] for c in chunks if c["choices"]]
     assert "".join(p["delta"].get("content", "") for p in parts) == whole[:whole.index(word)]
-    assert parts[-1]["finish_reason"] == "stop" and [p["finish_reason"] for p in parts[:-1]] == [None] * (len(parts) - 1)
+    assert [p["finish_reason"] for p in parts] == [None] * (len(parts) - 1) + ["stop"]
     assert chunks[-1]["usage"]["completion_tokens"] == n == len(sum((p.get("token_ids") or [] for p in parts), []))
     after = idle(server)
     assert total(after, "request_success_total", finished_reason="stop") - \
         total(before, "request_success_total", finished_reason="stop") == 2
+
+
+def reference_logprobs(model, prompt_ids: list[int], ids: list[int], top: int):
+    """Each output token's log-probability and the top alternatives, from one pass over prompt
+    and output: on the kernel each row of it is exactly the one-token pass that chose the token."""
+    import torch
+
+    model.reset(len(prompt_ids) + len(ids))
+    logits = model.forward(prompt_ids + ids)[len(prompt_ids) - 1: -1]
+    lp = torch.log_softmax(logits.float(), -1)
+    values, indices = lp.topk(top, -1)
+    return lp[torch.arange(len(ids)), torch.tensor(ids)].tolist(), indices.tolist(), values.tolist()
+
+
+def test_logprobs_are_the_targets_own_streamed_and_not(server, model):
+    """A sampled, speculated request's logprobs: each token's log-probability under the target
+    (before temperature) and its top alternatives, exactly those of the passes that chose it,
+    in chat's form and in completions'; streamed, the same entries in order."""
+    tok, ids_in = model.tokenizer, chat_ids(model, PROMPTS[1])
+    body = {"messages": [{"role": "user", "content": PROMPTS[1]}], "max_tokens": 20, "temperature": 0.8, "seed": 4,
+            "logprobs": True, "top_logprobs": 3, "return_token_ids": True}
+    choice = post(server, "/v1/chat/completions", body).json()["choices"][0]
+    ids = choice["token_ids"]
+    assert ids == solo(model, PROMPTS[1], 20, temperature=0.8, seed=4)
+    chosen, top_ids, top_values = reference_logprobs(model, ids_in, ids, 3)
+    content = choice["logprobs"]["content"]
+    assert [e["logprob"] for e in content] == chosen
+    assert [e["token"] for e in content] == [tok.decode([t]) for t in ids]
+    assert [[(a["token"], a["logprob"]) for a in e["top_logprobs"]] for e in content] == \
+        [[(tok.decode([i]), v) for i, v in zip(row_i, row_v)] for row_i, row_v in zip(top_ids, top_values)]
+    assert all(bytes(e["bytes"]).decode("utf-8", errors="replace") == e["token"] for e in content)
+    with httpx.stream("POST", server + "/v1/chat/completions", timeout=120, json=body | {"stream": True}) as r:
+        chunks = [json.loads(line[5:]) for line in r.iter_lines() if line.startswith("data:") and "[DONE]" not in line]
+    assert sum(((c["choices"][0]["logprobs"] or {"content": []})["content"] for c in chunks), []) == content
+
+    text = post(server, "/v1/completions", {"prompt": ids_in, "max_tokens": 20, "temperature": 0, "logprobs": 2,
+                                            "return_token_ids": True}).json()["choices"][0]
+    chosen, top_ids, top_values = reference_logprobs(model, ids_in, text["token_ids"], 2)
+    lp = text["logprobs"]
+    assert lp["token_logprobs"] == chosen and lp["tokens"] == [tok.decode([t]) for t in text["token_ids"]]
+    assert lp["top_logprobs"] == [{tok.decode([i]): v for i, v in zip(a, b)} for a, b in zip(top_ids, top_values)]
+    assert lp["text_offset"] == [len("".join(lp["tokens"][:i])) for i in range(len(lp["tokens"]))]
+    assert [next(iter(t)) for t in lp["top_logprobs"]] == lp["tokens"]  # greedy: each token is the likeliest
+    assert post(server, "/v1/completions", {"prompt": ids_in, "max_tokens": 2}).json()["choices"][0]["logprobs"] is None
+
+
+def test_n_choices_are_the_rows_of_a_seeded_batch_streamed_and_not(server, model):
+    """n answers to one request: choice i samples with seed + i, so it is the solo output with
+    that seed (as row i of a batch is); streamed, each chunk names its choice; usage sums them."""
+    body = {"messages": [{"role": "user", "content": PROMPTS[0]}], "max_tokens": 16, "temperature": 0.8, "seed": 7,
+            "n": 3, "return_token_ids": True}
+    r = post(server, "/v1/chat/completions", body).json()
+    assert [c["index"] for c in r["choices"]] == [0, 1, 2]
+    want = [solo(model, PROMPTS[0], 16, temperature=0.8, seed=7 + i) for i in range(3)]
+    assert [c["token_ids"] for c in r["choices"]] == want and len({tuple(w) for w in want}) > 1
+    assert r["usage"]["completion_tokens"] == sum(map(len, want))
+    assert r["usage"]["prompt_tokens"] == len(chat_ids(model, PROMPTS[0]))
+    with httpx.stream("POST", server + "/v1/chat/completions", timeout=120,
+                      json=body | {"stream": True, "stream_options": {"include_usage": True}}) as s:
+        chunks = [json.loads(line[5:]) for line in s.iter_lines() if line.startswith("data:") and "[DONE]" not in line]
+    for i, c in enumerate(r["choices"]):
+        mine = [ch["choices"][0] for ch in chunks if ch["choices"] and ch["choices"][0]["index"] == i]
+        assert "".join(p["delta"].get("content", "") for p in mine) == c["message"]["content"]
+        assert sum((p.get("token_ids") or [] for p in mine), []) == c["token_ids"]
+        assert [p["finish_reason"] for p in mine if p["finish_reason"]] == [c["finish_reason"]]
+    tokens = ("prompt_tokens", "completion_tokens", "total_tokens")  # (what was drafted may differ: clocks choose k)
+    assert [chunks[-1]["usage"][k] for k in tokens] == [r["usage"][k] for k in tokens]
 
 
 def test_defaults_temperature_1_and_the_rest_of_the_context(server, model):
@@ -285,10 +352,14 @@ BAD = [({"messages": "hi"}, "messages"), ({"messages": [{"role": "user", "conten
        ({"messages": [{"role": "user", "content": "hi"}], "temperature": -1}, "temperature"),
        ({"messages": [{"role": "user", "content": "hi"}], "top_p": 2}, "top_p"),
        ({"messages": [{"role": "user", "content": "hi"}], "seed": -3}, "seed"),
-       ({"messages": [{"role": "user", "content": "hi"}], "n": 2}, "n"),
+       ({"messages": [{"role": "user", "content": "hi"}], "n": 0}, "n"),
+       ({"messages": [{"role": "user", "content": "hi"}], "n": 5}, "n"),
        ({"messages": [{"role": "user", "content": "hi"}], "speculative": "no"}, "speculative"),
        ({"messages": [{"role": "user", "content": "hi"}], "stop": ["\n", ""]}, "stop"),
        ({"messages": [{"role": "user", "content": "hi"}], "stop": 3}, "stop"),
+       ({"messages": [{"role": "user", "content": "hi"}], "logprobs": 2}, "logprobs"),
+       ({"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 2}, "top_logprobs"),
+       ({"messages": [{"role": "user", "content": "hi"}], "logprobs": True, "top_logprobs": 21}, "top_logprobs"),
        ({"messages": [{"role": "user", "content": "hi"}], "frobnicate": 1}, "frobnicate")]
 
 
@@ -416,8 +487,8 @@ def test_it_binds_127_0_0_1_unless_told_and_refuses_bad_flags():
 
 
 def test_soak_memory_flat_and_nothing_lost():
-    """Two thousand requests, mixed lengths, streamed and not, one in ten cancelled by its
-    client: every request is answered, refused with a reason or cancelled; the server's RSS
+    """Two thousand requests, mixed lengths, streamed and not, some ended by a stop string, one in
+    ten cancelled by its client: every request is answered, refused with a reason or cancelled; the server's RSS
     after the second thousand is within a few MB of what it was after the first."""
     proc, url = start("--max-batch", "8", "--context", "256", "--queue-size", "64")
     rng = random.Random(0)
@@ -429,7 +500,7 @@ def test_soak_memory_flat_and_nothing_lost():
     async def one(client, i):
         body = {"prompt": f"{i}: " + "word " * rng.randint(1, 60), "max_tokens": rng.randint(1, 12),
                 "temperature": rng.choice([0, 0.7]), "seed": i, "stream": rng.random() < 0.5,
-                "speculative": rng.random() < 0.8}
+                "speculative": rng.random() < 0.8, "stop": rng.choice([None, None, "\n", " word"])}
         call = client.post(url + "/v1/completions", json=body, timeout=120)
         if rng.random() < 0.1:
             task = asyncio.ensure_future(call)
