@@ -326,10 +326,16 @@ class Server:
             return error(400, str(exc), exc.param)
         loop, events = asyncio.get_running_loop(), asyncio.Queue()
 
+        # A whole answer without stop strings has nothing to do before its end: its steps do not
+        # wake the event loop, whose work would take a core from the engine's pass.
+        quiet = not flags["stream"] and not flags["stop"]
+
         def emitter(i: int):
             def emit(new, reason):  # on the engine thread
+                if quiet and reason is None:
+                    return
                 try:
-                    loop.call_soon_threadsafe(events.put_nowait, (i, new, reason))
+                    loop.call_soon_threadsafe(events.put_nowait, (i, requests[i].out if quiet else new, reason))
                 except RuntimeError:  # the loop has closed (shutdown): nobody is waiting
                     pass
             return emit
