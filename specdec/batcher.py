@@ -28,7 +28,7 @@ from .decoding import auto_k_max, speculative_step
 from .drafters import Drafter, NoDrafter
 from .models.base import Rows
 from .request import Request, Stats, Timer
-from .sampling import choose
+from .sampling import choose, logprobs
 from .schedule import AdaptiveK, FixedCosts, LoadGate, as_schedule
 
 PREFILL_CHUNK = 512  # prompt tokens read per step, over all newcomers (a multiple of kernel.MAX_ROWS)
@@ -53,6 +53,7 @@ class Job:
     speculative: bool = True
     cancelled: str | None = None  # why it was cancelled: it ends at the next step boundary
     read: int = 0  # prompt tokens in the cache
+    prompt_logprobs: list | None = None  # [] to have each prompt token after the first scored (sampling.logprobs)
     started: float = field(default_factory=time.perf_counter)
 
 
@@ -209,10 +210,14 @@ class Batcher:
         rows = [b for b, block in enumerate(blocks) if block]
         if not rows:
             return
+        scored = [b for b in rows if self.slots[b].prompt_logprobs is not None]  # their prompt's logprobs
         with Timer([self.slots[b].request.stats for b in rows], self.model.device)("prefill"):
-            logits = self.rows.forward(blocks, last_only=True)
+            logits = self.rows.forward(blocks, last_only=not scored)
         for b in rows:
             job = self.slots[b]
+            if b in scored:  # row j scores the prompt token after it
+                after = job.request.prompt_ids[job.read + 1: job.read + len(blocks[b]) + 1]
+                job.prompt_logprobs += logprobs(logits[b], after, job.request.logprobs or 0)
             job.read += len(blocks[b])
             self.counters.prompt_tokens += len(blocks[b])
             r = job.request

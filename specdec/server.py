@@ -30,7 +30,7 @@ from .request import check_request, row_seeds
 COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stream", "stream_options",
           "n", "ignore_eos", "speculative", "return_token_ids", "user"}
 FIELDS = {"chat": COMMON | {"messages", "max_completion_tokens", "logprobs", "top_logprobs"},
-          "text": COMMON | {"prompt", "logprobs"}}
+          "text": COMMON | {"prompt", "logprobs", "echo"}}
 MAX_LOGPROBS = 20  # alternatives a token may ask for (OpenAI's bound for chat)
 # Our finish reasons in OpenAI's words (and vLLM's metrics'): EOS and a stop string are both "stop".
 FINISH = {"eos": "stop", "stop": "stop", "length": "length", "cancelled": "abort"}
@@ -114,6 +114,7 @@ class Logprobs:
     def __init__(self, tokenizer, kind: str, request):
         self.tokenizer, self.kind, self.request = tokenizer, kind, request
         self.given, self.offset = 0, 0  # tokens given so far; their text's length (text_offset)
+        self.prompt: list | None = None  # echo: the prompt's entries, given before the first token's
 
     def __call__(self, n: int) -> dict | None:
         """The next n tokens' entries (None: the request did not ask for logprobs)."""
@@ -121,6 +122,8 @@ class Logprobs:
             return None
         start, self.given = self.given, self.given + n
         ids, entries = self.request.out[start:self.given], self.request.logprobs_out[start:self.given]
+        if self.prompt is not None:  # the first prompt token has nothing before it to score it
+            ids, entries, self.prompt = self.request.prompt_ids + ids, [(None, None), *self.prompt, *entries], None
         tokens = [self._text(t) for t in ids]
         if self.kind == "chat":
             return {"content": [self._entry(s, lp) | {"top_logprobs": [self._entry(self._text(i), v) for i, v in top]}
@@ -130,7 +133,8 @@ class Logprobs:
             offsets.append(self.offset)
             self.offset += len(s)
         return {"tokens": tokens, "token_logprobs": [lp for lp, _ in entries],
-                "top_logprobs": [{self._text(i): v for i, v in top} for _, top in entries], "text_offset": offsets}
+                "top_logprobs": [None if top is None else {self._text(i): v for i, v in top} for _, top in entries],
+                "text_offset": offsets}
 
     def _text(self, token: int) -> str:
         return self.tokenizer.decode([token])
@@ -154,6 +158,10 @@ def _logprobs(body: dict, kind: str) -> int | None:
     if top is not None and not 0 <= top <= MAX_LOGPROBS:
         raise BadRequest(f"{name} must be in [0, {MAX_LOGPROBS}], got {top}", name)
     return top
+
+
+def _is_ids(value: list) -> bool:
+    return all(isinstance(t, int) and not isinstance(t, bool) for t in value)
 
 
 def _stop_strings(body: dict) -> list[str]:
@@ -231,16 +239,20 @@ class Server:
 
     # ------------------------------------------------------------------ checks
 
-    def _prompt_ids(self, body: dict, kind: str) -> list[int]:
-        if kind == "text":
-            prompt = body.get("prompt")
-            if isinstance(prompt, str) and prompt:
-                return self.tokenizer(prompt)["input_ids"]
-            if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool)
-                                                           for t in prompt):
-                return prompt
-            raise BadRequest("prompt must be a non-empty string or a list of token ids (one prompt a request)",
-                             "prompt")
+    def _prompts(self, body: dict, kind: str) -> list[list[int]]:
+        """Each prompt's ids: chat's one, or completions' one or more (a string, token ids, or a
+        list of either)."""
+        if kind == "chat":
+            return [self._chat_ids(body)]
+        prompt = body.get("prompt")
+        one = isinstance(prompt, str) or (isinstance(prompt, list) and prompt and _is_ids(prompt))
+        prompts = [prompt] if one else prompt if isinstance(prompt, list) else None
+        if not prompts or not all((isinstance(p, str) and p) or (isinstance(p, list) and p and _is_ids(p))
+                                  for p in prompts):
+            raise BadRequest("prompt must be a non-empty string or list of token ids, or a list of them", "prompt")
+        return [self.tokenizer(p)["input_ids"] if isinstance(p, str) else p for p in prompts]
+
+    def _chat_ids(self, body: dict) -> list[int]:
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
             raise BadRequest("messages must be a non-empty list of {role, content}", "messages")
@@ -283,22 +295,28 @@ class Server:
             raise BadRequest(f"unknown stream_options field {sorted(set(options) - {'include_usage'})[0]!r}",
                              "stream_options")
         stop, logprobs = _stop_strings(body), _logprobs(body, kind)
-        ids = self._prompt_ids(body, kind)
+        echo = kind == "text" and _field(body, "echo", (bool,), False)
+        prompts = self._prompts(body, kind)
         where = "messages" if kind == "chat" else "prompt"
-        if len(ids) >= self.batcher.context:
-            raise BadRequest(f"{where}: {len(ids)} tokens, past the server's context of {self.batcher.context} "
+        if len(prompts) * n > self.batcher.max_batch:
+            raise BadRequest(f"{len(prompts)} prompts x n = {n} answers, past --max-batch {self.batcher.max_batch}",
+                             "n" if n > 1 else "prompt")
+        longest = max(map(len, prompts))
+        if longest >= self.batcher.context:
+            raise BadRequest(f"{where}: {longest} tokens, past the server's context of {self.batcher.context} "
                              "(--context)", where)
         name = "max_completion_tokens" if kind == "chat" and "max_completion_tokens" in body else "max_tokens"
         max_tokens = _field(body, name, (int,))
         if max_tokens is None:
-            max_tokens = max(self.batcher.context - len(ids), 0)
+            max_tokens = max(self.batcher.context - longest, 0)
         elif max_tokens < 1:
             raise BadRequest(f"{name} must be >= 1, got {max_tokens}", name)
         sampling = {k: body.get(k, d) for k, d in (("temperature", 1.0), ("top_p", None), ("top_k", None))}
-        try:  # choice i samples with seed + i, as row i of a batch does (request.row_seeds)
+        try:  # a prompt's answer j samples with seed + j, as row j of a batch does (request.row_seeds)
+            seeds = row_seeds(body.get("seed"), n)
             requests = [check_request(self.model, self.tokenizer, ids, max_tokens, context=self.batcher.context,
-                                      seed=seed, **sampling) for seed in row_seeds(body.get("seed"), n)]
-            self.batcher.drafter.check_prompts([ids])
+                                      seed=seed, **sampling) for ids in prompts for seed in seeds]
+            self.batcher.drafter.check_prompts(prompts)
         except (ValueError, TypeError) as exc:
             message = str(exc)  # each check's message starts with what it checks
             param = next((k for k in ("temperature", "top_p", "top_k", "seed", "max_tokens") if message.startswith(k)),
@@ -309,7 +327,7 @@ class Server:
         ignore_eos = _field(body, "ignore_eos", (bool,), False)
         for req in requests:
             req.eos, req.logprobs = () if ignore_eos else req.eos, logprobs
-        flags = {"stream": stream, "usage": bool(options.get("include_usage")),
+        flags = {"stream": stream, "usage": bool(options.get("include_usage")), "n": n, "echo": echo,
                  "ids": _field(body, "return_token_ids", (bool,), False), "stop": stop}
         return requests, _field(body, "speculative", (bool,), True), flags
 
@@ -339,8 +357,13 @@ class Server:
                 except RuntimeError:  # the loop has closed (shutdown): nobody is waiting
                     pass
             return emit
-        choices = [Choice(Job(req, emitter(i), speculative), Output(self.tokenizer, flags["stop"]),
-                          Logprobs(self.tokenizer, kind, req)) for i, req in enumerate(requests)]
+        echo = flags["echo"] and requests[0].logprobs is not None  # the prompt's own logprobs too
+        choices = [Choice(Job(req, emitter(i), speculative, prompt_logprobs=[] if echo else None),
+                          Output(self.tokenizer, flags["stop"]), Logprobs(self.tokenizer, kind, req),
+                          self.tokenizer.decode(req.prompt_ids, skip_special_tokens=True) if flags["echo"] else "")
+                   for i, req in enumerate(requests)]
+        for c in choices:
+            c.logprobs.prompt = c.job.prompt_logprobs
         try:
             self.batcher.submit(*(c.job for c in choices))
         except QueueFull as exc:
@@ -364,11 +387,11 @@ class Server:
         c.reason = reason
         return text, ids, reason
 
-    def _usage(self, choices: list["Choice"]) -> dict:
+    def _usage(self, choices: list["Choice"], flags: dict) -> dict:
         """completion_tokens: the answers' tokens (those up to a stop string; the engine may
         have gone past it)."""
         n, stats = sum(len(c.output.ids) for c in choices), [c.job.request.stats for c in choices]
-        prompt = len(choices[0].job.request.prompt_ids)
+        prompt = sum(len(c.job.request.prompt_ids) for c in choices[::flags["n"]])  # each prompt once
         return {"prompt_tokens": prompt, "completion_tokens": n, "total_tokens": prompt + n,
                 "speculation": {"drafted": sum(s.drafted for s in stats), "accepted": sum(s.accepted for s in stats),
                                 "target_passes": sum(s.target_calls for s in stats)}}
@@ -419,9 +442,9 @@ class Server:
         finally:
             gone.cancel()
         return JSONResponse(self._envelope(kind, rid, False) | {
-            "choices": [self._choice(kind, i, c.output.text, c.reason, c.output.ids if flags["ids"] else None,
+            "choices": [self._choice(kind, i, c.echo + c.output.text, c.reason, c.output.ids if flags["ids"] else None,
                                      c.logprobs(len(c.output.ids))) for i, c in enumerate(choices)],
-            "usage": self._usage(choices)})
+            "usage": self._usage(choices, flags)})
 
     async def _stream(self, _: HTTPRequest, choices, events: asyncio.Queue, kind, rid, flags):
         """Server-sent events: a chunk a step for each choice; closing the stream (a client gone)
@@ -441,11 +464,12 @@ class Server:
                     yield _sse({"error": {"message": f"the request was {reason}", "type": "server_error"}})
                     return
                 text, ids, reason = self._next(choices, i, new, reason)
+                text, c.echo = c.echo + text, ""  # an echoed prompt comes with the first token
                 if text or reason or (ids and (flags["ids"] or c.job.request.logprobs is not None)):
                     yield _sse(head | {"choices": [self._choice(kind, i, text, reason, ids if flags["ids"] else None,
                                                                 c.logprobs(len(ids)), delta=True)]})
             if flags["usage"]:
-                yield _sse(head | {"choices": [], "usage": self._usage(choices)})
+                yield _sse(head | {"choices": [], "usage": self._usage(choices, flags)})
             yield "data: [DONE]\n\n"
         finally:
             self._cancel(choices)
@@ -459,6 +483,7 @@ class Choice:
     job: Job
     output: Output
     logprobs: Logprobs
+    echo: str = ""  # the prompt's text, before the answer (completions' echo)
     reason: str | None = None
 
 

@@ -264,8 +264,9 @@ def test_a_stop_string_ends_the_answer_streamed_and_not(server, model):
 
 
 def reference_logprobs(model, prompt_ids: list[int], ids: list[int], top: int):
-    """Each output token's log-probability and the top alternatives, from one pass over prompt
-    and output: on the kernel each row of it is exactly the one-token pass that chose the token."""
+    """Each token of ids' log-probability after the prompt and the tokens before it, and the top
+    alternatives, from one pass over prompt and ids: on the kernel each row of it is exactly the
+    one-token pass that chose the token."""
     import torch
 
     model.reset(len(prompt_ids) + len(ids))
@@ -273,6 +274,43 @@ def reference_logprobs(model, prompt_ids: list[int], ids: list[int], top: int):
     lp = torch.log_softmax(logits.float(), -1)
     values, indices = lp.topk(top, -1)
     return lp[torch.arange(len(ids)), torch.tensor(ids)].tolist(), indices.tolist(), values.tolist()
+
+
+def test_completions_take_several_prompts_and_echo_them_with_their_logprobs(server, model):
+    """A list of prompts, n answers each: answer j of prompt p is choice p * n + j, the solo
+    output with seed + j. With echo the text starts with the prompt, and with logprobs the prompt's
+    tokens are scored too (none for the first), as lm-eval's loglikelihood asks of a server."""
+    from specdec import generate
+
+    tok = model.tokenizer
+    raw, ids_in = PROMPTS[2], chat_ids(model, PROMPTS[1])
+    r = post(server, "/v1/completions", {"prompt": [raw, ids_in], "n": 2, "max_tokens": 8, "temperature": 0.8,
+                                         "seed": 9, "return_token_ids": True}).json()
+    want = [generate(model, tok, p, 8, temperature=0.8, seed=9 + j).token_ids
+            for p in (tok(raw)["input_ids"], ids_in) for j in range(2)]
+    assert [c["index"] for c in r["choices"]] == [0, 1, 2, 3]
+    assert [c["token_ids"] for c in r["choices"]] == want
+    assert r["usage"]["prompt_tokens"] == len(tok(raw)["input_ids"]) + len(ids_in)
+
+    body = {"prompt": [ids_in], "max_tokens": 1, "logprobs": 1, "echo": True, "temperature": 0,
+            "return_token_ids": True}
+    choice = post(server, "/v1/completions", body).json()["choices"][0]
+    out = choice["token_ids"]
+    assert choice["text"] == tok.decode(ids_in, skip_special_tokens=True) + tok.decode(out, skip_special_tokens=True)
+    lp = choice["logprobs"]
+    assert lp["tokens"] == [tok.decode([t]) for t in ids_in + out]
+    chosen, top_ids, top_values = reference_logprobs(model, ids_in[:1], ids_in[1:] + out, 1)
+    assert lp["token_logprobs"] == [None, *chosen] and lp["top_logprobs"][0] is None
+    assert lp["top_logprobs"][1:] == [{tok.decode(i): v} for (i,), (v,) in zip(top_ids, top_values)]
+    with httpx.stream("POST", server + "/v1/completions", timeout=120, json=body | {"stream": True}) as s:
+        chunks = [json.loads(line[5:]) for line in s.iter_lines() if line.startswith("data:") and "[DONE]" not in line]
+    assert "".join(c["choices"][0]["text"] for c in chunks) == choice["text"]
+    assert chunks[0]["choices"][0]["logprobs"]["token_logprobs"] == lp["token_logprobs"]
+    # A prompt read in two chunks (512 tokens a step): scored across the boundary alike.
+    long = tok(" ".join(PROMPTS * 30))["input_ids"][:700]
+    got = post(server, "/v1/completions", body | {"prompt": long}).json()["choices"][0]
+    chosen, _, _ = reference_logprobs(model, long[:1], long[1:] + got["token_ids"], 1)
+    assert got["logprobs"]["token_logprobs"] == [None, *chosen]
 
 
 def test_logprobs_are_the_targets_own_streamed_and_not(server, model):
@@ -354,6 +392,7 @@ BAD = [({"messages": "hi"}, "messages"), ({"messages": [{"role": "user", "conten
        ({"messages": [{"role": "user", "content": "hi"}], "seed": -3}, "seed"),
        ({"messages": [{"role": "user", "content": "hi"}], "n": 0}, "n"),
        ({"messages": [{"role": "user", "content": "hi"}], "n": 5}, "n"),
+       ({"messages": [{"role": "user", "content": "hi"}], "echo": True}, "echo"),
        ({"messages": [{"role": "user", "content": "hi"}], "speculative": "no"}, "speculative"),
        ({"messages": [{"role": "user", "content": "hi"}], "stop": ["\n", ""]}, "stop"),
        ({"messages": [{"role": "user", "content": "hi"}], "stop": 3}, "stop"),
@@ -373,8 +412,9 @@ def test_bad_requests_get_400_naming_the_field_before_any_compute(server):
     for raw in (b"{not json", b"[1, 2]", b"\xff\xfe"):
         r = httpx.post(server + "/v1/completions", content=raw, timeout=10)
         assert r.status_code == 400 and r.json()["error"]["message"], raw
-    r = post(server, "/v1/completions", {"prompt": [], "max_tokens": 4})
-    assert r.status_code == 400 and r.json()["error"]["param"] == "prompt"
+    for prompt in ([], ["a", 3], ["a"] * 5):  # empty, mixed, more answers than rows (4 here)
+        r = post(server, "/v1/completions", {"prompt": prompt, "max_tokens": 4})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "prompt", (prompt, r.text)
     after = metrics(server)
     for name in ("prompt_tokens_total", "generation_tokens_total", "request_success_total"):
         assert total(after, name) == total(before, name), name  # nothing ran, nothing was queued
