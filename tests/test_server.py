@@ -431,8 +431,9 @@ def test_metrics_equal_the_counts(server):
         return total(after, name, **labels) - total(before, name, **labels)
     assert delta("prompt_tokens_total") == sum(u["prompt_tokens"] for u in usage)
     assert delta("generation_tokens_total") == sum(u["completion_tokens"] for u in usage)
+    # Drafts were made; whether any was kept `auto` decides (the model-draft test asks for kept ones).
     assert delta("spec_decode_num_draft_tokens_total") == sum(u["speculation"]["drafted"] for u in usage) > 0
-    assert delta("spec_decode_num_accepted_tokens_total") == sum(u["speculation"]["accepted"] for u in usage) > 0
+    assert delta("spec_decode_num_accepted_tokens_total") == sum(u["speculation"]["accepted"] for u in usage)
     assert delta("spec_decode_num_accepted_tokens_per_pos_total", position=0) <= delta("spec_decode_num_drafts_total")
     assert delta("request_success_total") == len(PROMPTS)
     spec = speculation_from_counters(before, after)  # as `specdec bench --endpoint` reads them
@@ -527,8 +528,8 @@ def test_it_binds_127_0_0_1_unless_told_and_refuses_bad_flags():
 
 
 def test_soak_memory_flat_and_nothing_lost():
-    """Two thousand requests, mixed lengths, streamed and not, some ended by a stop string, one in
-    ten cancelled by its client: every request is answered, refused with a reason or cancelled; the server's RSS
+    """Two thousand requests, mixed lengths, streamed and not, some ended by a stop string, some
+    with logprobs or echoed, one in ten cancelled by its client: every request is answered, refused with a reason or cancelled; the server's RSS
     after the second thousand is within a few MB of what it was after the first."""
     proc, url = start("--max-batch", "8", "--context", "256", "--queue-size", "64")
     rng = random.Random(0)
@@ -540,7 +541,8 @@ def test_soak_memory_flat_and_nothing_lost():
     async def one(client, i):
         body = {"prompt": f"{i}: " + "word " * rng.randint(1, 60), "max_tokens": rng.randint(1, 12),
                 "temperature": rng.choice([0, 0.7]), "seed": i, "stream": rng.random() < 0.5,
-                "speculative": rng.random() < 0.8, "stop": rng.choice([None, None, "\n", " word"])}
+                "speculative": rng.random() < 0.8, "stop": rng.choice([None, None, "\n", " word"]),
+                "logprobs": rng.choice([None, None, None, 2]), "echo": rng.random() < 0.1}
         call = client.post(url + "/v1/completions", json=body, timeout=120)
         if rng.random() < 0.1:
             task = asyncio.ensure_future(call)
