@@ -20,22 +20,25 @@ from .schedule import AdaptiveK, FixedCosts, as_schedule
 
 
 def generate(model, tokenizer, prompt, max_tokens: int, *, temperature=0.0, top_k=None, top_p=None,
-             seed=None, chat=False, stream: Callable | None = None) -> Generation | list[Generation]:
+             seed=None, chat=False, stream: Callable | None = None, logprobs: int | None = None
+             ) -> Generation | list[Generation]:
     """Plain decoding: one prefill pass picks the first token from the last prompt position;
     each later token is one pass over only the newest token, reusing the cache.
 
     prompt: a string or token ids, or a list of them: a batch, decoded together on engines
     that batch (one pass a step for all rows; a row that has finished costs nothing more),
     returning one Generation per row, each exactly the row's own single run. seed: an int
-    (row i uses seed + i) or one seed per row. stream gets the new ids, or (row, new ids)."""
+    (row i uses seed + i) or one seed per row. stream gets the new ids, or (row, new ids).
+    logprobs: n to have each token's log-probability and its n likeliest alternatives
+    (Generation.logprobs)."""
     model = as_language_model(model, tokenizer)
-    run = Run(model, tokenizer, prompt, max_tokens, temperature, top_k, top_p, seed, chat, stream)
+    run = Run(model, tokenizer, prompt, max_tokens, temperature, top_k, top_p, seed, chat, stream, logprobs)
     live = run.live()
     if live:
-        tokens = run.prefill()
+        tokens, scores = run.prefill()
     while live:
         for b in live:
-            run.emit(b, run.add(b, [tokens[b]]))
+            run.emit(b, run.add(b, [tokens[b]], scores[b]))
         live = run.live()
         if not live:
             break
@@ -43,7 +46,7 @@ def generate(model, tokenizer, prompt, max_tokens: int, *, temperature=0.0, top_
             logits = run.rows.forward([[tokens[b]] if b in live else [] for b in range(run.size)])
             for b in live:
                 position = len(run.sequence(b))
-                tokens[b] = choose(logits[b][-1], run.params, run.noises[b], position)
+                tokens[b], scores[b] = choose(logits[b][-1], run.params, run.noises[b], position), logits[b][-1:]
     return run.results()
 
 
@@ -59,7 +62,7 @@ def auto_k_max(model, rows: int = 1) -> int:
 
 def speculative_generate(model, draft, tokenizer, prompt, max_tokens: int, *, num_draft_tokens="auto",
                          temperature=0.0, top_k=None, top_p=None, seed=None, chat=False,
-                         stream: Callable | None = None) -> Generation | list[Generation]:
+                         stream: Callable | None = None, logprobs: int | None = None) -> Generation | list[Generation]:
     """Speculative decoding: the drafter proposes k tokens, the target scores
     [pending, d1..dk] in one pass, and the acceptance rule keeps a prefix plus one
     target token. Every token is the target's choice at its position (sampling.verify), so
@@ -79,9 +82,12 @@ def speculative_generate(model, draft, tokenizer, prompt, max_tokens: int, *, nu
     chooses each row's k a step, for the most tokens per second over all rows.
 
     A draft model's own context limits only the draft: past it, a step drafts nothing (a
-    plain decoding step, counted in `stats.plain_steps`) and the output is unchanged."""
+    plain decoding step, counted in `stats.plain_steps`) and the output is unchanged.
+
+    logprobs: as in `generate`; each comes from the verify row that chose its token, so on the
+    kernel they are plain decoding's, bit for bit."""
     model = as_language_model(model, tokenizer)
-    run = Run(model, tokenizer, prompt, max_tokens, temperature, top_k, top_p, seed, chat, stream)
+    run = Run(model, tokenizer, prompt, max_tokens, temperature, top_k, top_p, seed, chat, stream, logprobs)
     drafter = for_target(as_drafter(draft, tokenizer), model, tokenizer)  # bridged, or refused, here
     schedule = as_schedule(num_draft_tokens, auto_k_max(model, run.size), model.pass_tile)
     # Where the target's rows round differently with a block's size, clocks must not choose the
@@ -93,12 +99,12 @@ def speculative_generate(model, draft, tokenizer, prompt, max_tokens: int, *, nu
                          "that batches (the native engine)")
     live = run.live()
     if live:
-        tokens = run.prefill()
+        tokens, scores = run.prefill()
         drafter.begin(run.capacity, run.size)
         with run.timer(live)("draft"):
             drafter.prefill(run.prompt_ids)
         for b in live:
-            run.emit(b, run.add(b, [tokens[b]]))
+            run.emit(b, run.add(b, [tokens[b]], scores[b]))
         live = run.live()
     while live:
         new = speculative_step(run.rows, drafter, schedule, fixed, {b: run.requests[b] for b in live})

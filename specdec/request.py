@@ -80,13 +80,16 @@ class Stats:
 class Generation:
     """token_ids: new tokens only, ending with the EOS token when finish_reason == "eos".
     text: their decoding with special tokens skipped (None without a tokenizer).
-    finish_reason: "eos" or "length"."""
+    finish_reason: "eos" or "length".
+    logprobs: with logprobs=n, one (logprob, [(id, logprob), ...n most likely]) per token, under
+    the target before temperature, top-k and top-p; else None."""
 
     token_ids: list[int]
     text: str | None
     finish_reason: str
     stats: Stats
     prompt_ids: list[int]
+    logprobs: list | None = None
 
 
 class Timer:
@@ -176,6 +179,11 @@ def check_context(limit: int | None, who: str, n_prompt: int, max_tokens: int) -
                          f"{who}'s context of {limit} tokens")
 
 
+def check_logprobs(logprobs) -> None:
+    if logprobs is not None and (not isinstance(logprobs, int) or isinstance(logprobs, bool) or logprobs < 0):
+        raise ValueError(f"logprobs must be None or how many alternatives to list (an integer >= 0), got {logprobs!r}")
+
+
 def check_seed(seed) -> None:
     if seed is None:
         return
@@ -259,7 +267,8 @@ class Request:
 
     def result(self, tokenizer) -> Generation:
         self.stats.generated = len(self.out)
-        return Generation(self.out, _decode(tokenizer, self.out), self.reason, self.stats, self.prompt_ids)
+        return Generation(self.out, _decode(tokenizer, self.out), self.reason, self.stats, self.prompt_ids,
+                          None if self.logprobs is None else self.logprobs_out)
 
 
 def as_batch(prompt) -> tuple[list, bool]:
@@ -294,12 +303,15 @@ class Run:
     that many sequences."""
 
     def __init__(self, model: LanguageModel, tokenizer, prompt, max_tokens, temperature, top_k, top_p, seed, chat,
-                 stream):
+                 stream, logprobs=None):
         prompts, self.batched = as_batch(prompt)
         seeds = row_seeds(seed, len(prompts))
+        check_logprobs(logprobs)
         self.rows = Rows(model, len(prompts))
         self.requests = [check_request(model, tokenizer, p, max_tokens, temperature, top_k, top_p, s, chat)
                          for p, s in zip(prompts, seeds)]
+        for r in self.requests:
+            r.logprobs = logprobs
         self.params = self.requests[0].params
         self.prompt_ids = [r.prompt_ids for r in self.requests]
         self.noises = [r.noise for r in self.requests]
@@ -312,20 +324,21 @@ class Run:
     def timer(self, rows) -> Timer:
         return Timer([self.requests[b].stats for b in rows], self.model.device)
 
-    def prefill(self) -> list[int]:
-        """Empty the cache and run every prompt; each row's first new token."""
+    def prefill(self) -> tuple[list[int], list[torch.Tensor]]:
+        """Empty the cache and run every prompt; each row's first new token, and the logits [1, V]
+        that chose it."""
         self.capacity = max(len(ids) for ids in self.prompt_ids) + self.max_tokens
         self.rows.reset(self.capacity)
         with self.timer(range(self.size))("prefill"):
             logits = self.rows.forward(self.prompt_ids, last_only=True)
-            return [choose(x[-1], self.params, noise, len(ids))
-                    for x, noise, ids in zip(logits, self.noises, self.prompt_ids)]
+            return ([choose(x[-1], self.params, noise, len(ids))
+                     for x, noise, ids in zip(logits, self.noises, self.prompt_ids)], [x[-1:] for x in logits])
 
     def sequence(self, b: int) -> list[int]:
         return self.requests[b].sequence()
 
-    def add(self, b: int, new: list[int]) -> list[int]:
-        return self.requests[b].add(new)
+    def add(self, b: int, new: list[int], scores: torch.Tensor | None = None) -> list[int]:
+        return self.requests[b].add(new, scores)
 
     def emit(self, b: int, ids: list[int]) -> None:
         if self.stream:

@@ -123,6 +123,32 @@ def test_a_seeded_batch_row_is_its_seeded_solo_run(bf16, busy):
     assert [r.token_ids for r in plain] == [r.token_ids for r in rows]
 
 
+@needs_kernel
+def test_logprobs_are_plain_decodings_and_the_targets_own_on_the_kernel(bf16, busy):
+    """Each token's logprobs come from the pass that chose it: speculative ones, greedy or
+    sampled, in a batch or alone, are plain decoding's bit for bit, and a pass over prompt and
+    output gives the same numbers."""
+    target, draft = bf16
+    for sampling in (dict(), dict(temperature=0.8, seed=3)):
+        busy(1)
+        plain = generate(target, None, PROMPTS, 30, logprobs=2, **sampling)
+        for drafter in (CompositeDrafter(draft), NgramDrafter()):
+            spec = speculative_generate(target, drafter, None, PROMPTS, 30, logprobs=2, **sampling)
+            assert [(g.token_ids, g.logprobs) for g in spec] == [(g.token_ids, g.logprobs) for g in plain]
+        solo = speculative_generate(target, draft, None, PROMPTS[1], 30, logprobs=2,
+                                    **{k: v + (k == "seed") for k, v in sampling.items()})
+        assert (solo.token_ids, solo.logprobs) == (plain[1].token_ids, plain[1].logprobs)
+    p, g = PROMPTS[0], plain[0]
+    target.reset(len(p) + len(g.token_ids))
+    lp = torch.log_softmax(target.forward(p + g.token_ids)[len(p) - 1: -1].float(), -1)
+    values, indices = lp.topk(2, -1)
+    assert g.logprobs == [(lp[i, t].item(), list(zip(indices[i].tolist(), values[i].tolist())))
+                          for i, t in enumerate(g.token_ids)]
+    assert generate(target, None, p, 5).logprobs is None
+    with pytest.raises(ValueError, match="logprobs"):
+        generate(target, None, p, 5, logprobs=-1)
+
+
 def test_a_seeded_auto_call_repeats_on_the_torch_path(f32, busy):
     target, draft = f32
     for p in PROMPTS:
