@@ -2,6 +2,7 @@
 
     POST /v1/chat/completions   POST /v1/completions   (stream: true for server-sent events)
     GET  /v1/models             GET  /health            GET  /metrics (Prometheus text)
+    GET  /tokenizer_info        POST /tokenize          POST /detokenize (as vLLM's)
 
 Every request is checked before any compute and refused with 400 naming the field; a full
 queue gets 429; a client that disconnects cancels its request; the one model it serves is
@@ -193,6 +194,8 @@ class Server:
             Route("/health", self.health), Route("/v1/models", self.models), Route("/metrics", self.metrics),
             Route("/v1/chat/completions", self.chat, methods=["POST"]),
             Route("/v1/completions", self.completions, methods=["POST"]),
+            Route("/tokenizer_info", self.tokenizer_info), Route("/tokenize", self.tokenize, methods=["POST"]),
+            Route("/detokenize", self.detokenize, methods=["POST"]),
         ])
 
     async def health(self, _: HTTPRequest) -> Response:
@@ -230,6 +233,42 @@ class Server:
         for reason, n in sorted(finished.items()):
             lines.append(f'specdec:request_success_total{{{label},finished_reason="{reason}"}} {n}')
         return PlainTextResponse("\n".join(lines) + "\n", media_type="text/plain; version=0.0.4")
+
+    # The tokenizer, as vLLM serves it: what lm-eval's remote tokenizer reads, so that a client
+    # needs no copy of the model's files.
+
+    async def tokenizer_info(self, _: HTTPRequest) -> Response:
+        tok = self.tokenizer
+        return JSONResponse({"tokenizer_class": type(tok).__name__, "eos_token": tok.eos_token,
+                             "bos_token": tok.bos_token, "pad_token": tok.pad_token,
+                             "chat_template": getattr(tok, "chat_template", None),
+                             "model_max_length": self.batcher.context})
+
+    async def tokenize(self, request: HTTPRequest) -> Response:
+        """{"prompt": text, "add_special_tokens": true} or {"messages": [...]}: the ids."""
+        try:
+            body = await _body(request, {"model", "prompt", "add_special_tokens", "messages"})
+            if "messages" in body:
+                ids = self._chat_ids(body)
+            elif isinstance(body.get("prompt"), str):
+                special = _field(body, "add_special_tokens", (bool,), True)
+                ids = self.tokenizer(body["prompt"], add_special_tokens=special)["input_ids"]
+            else:
+                raise BadRequest("prompt must be a string (or send messages)", "prompt")
+        except BadRequest as exc:
+            return error(400, str(exc), exc.param)
+        return JSONResponse({"tokens": ids, "count": len(ids), "max_model_len": self.batcher.context})
+
+    async def detokenize(self, request: HTTPRequest) -> Response:
+        """{"tokens": ids}: their text."""
+        try:
+            body = await _body(request, {"model", "tokens"})
+            ids = body.get("tokens")
+            if not isinstance(ids, list) or not _is_ids(ids) or not all(0 <= t < self.model.vocab_size for t in ids):
+                raise BadRequest(f"tokens must be a list of token ids in [0, {self.model.vocab_size})", "tokens")
+        except BadRequest as exc:
+            return error(400, str(exc), exc.param)
+        return JSONResponse({"prompt": self.tokenizer.decode(ids)})
 
     async def chat(self, request: HTTPRequest) -> Response:
         return await self._serve(request, "chat")
@@ -278,11 +317,6 @@ class Server:
 
     def _check(self, body, kind: str):
         """The request as the batcher takes it, and how to answer; BadRequest before any compute."""
-        if not isinstance(body, dict):
-            raise BadRequest("the body must be a JSON object")
-        unknown = sorted(set(body) - FIELDS[kind])
-        if unknown:
-            raise BadRequest(f"unknown field {unknown[0]!r}", unknown[0])
         model = _field(body, "model", (str,))
         if model is not None and model != self.name:
             raise BadRequest(f"model {model!r} is not served here (this server serves {self.name!r})", "model")
@@ -335,11 +369,7 @@ class Server:
 
     async def _serve(self, request: HTTPRequest, kind: str) -> Response:
         try:
-            body = json.loads(await request.body())
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            return error(400, f"malformed JSON: {exc}")
-        try:
-            requests, speculative, flags = self._check(body, kind)
+            requests, speculative, flags = self._check(await _body(request, FIELDS[kind]), kind)
         except BadRequest as exc:
             return error(400, str(exc), exc.param)
         loop, events = asyncio.get_running_loop(), asyncio.Queue()
@@ -485,6 +515,20 @@ class Choice:
     logprobs: Logprobs
     echo: str = ""  # the prompt's text, before the answer (completions' echo)
     reason: str | None = None
+
+
+async def _body(request: HTTPRequest, fields: set[str]) -> dict:
+    """A JSON object with only these fields, or BadRequest."""
+    try:
+        body = json.loads(await request.body())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise BadRequest(f"malformed JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise BadRequest("the body must be a JSON object")
+    unknown = sorted(set(body) - fields)
+    if unknown:
+        raise BadRequest(f"unknown field {unknown[0]!r}", unknown[0])
+    return body
 
 
 def _sse(obj: dict) -> str:

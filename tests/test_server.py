@@ -368,6 +368,24 @@ def test_n_choices_are_the_rows_of_a_seeded_batch_streamed_and_not(server, model
     assert [chunks[-1]["usage"][k] for k in tokens] == [r["usage"][k] for k in tokens]
 
 
+def test_the_tokenizer_is_served_as_vllm_serves_it(server, model):
+    """/tokenizer_info, /tokenize and /detokenize (what lm-eval's remote tokenizer reads): the
+    served model's own tokenizer and chat template; bad input gets 400 naming the field."""
+    tok = model.tokenizer
+    info = httpx.get(server + "/tokenizer_info").json()
+    assert info["eos_token"] == tok.eos_token and info["chat_template"] == tok.chat_template
+    text = "Naïve café: the quick brown fox."
+    r = post(server, "/tokenize", {"prompt": text, "add_special_tokens": False}).json()
+    assert r["tokens"] == tok(text, add_special_tokens=False)["input_ids"] and r["count"] == len(r["tokens"])
+    messages = [{"role": "user", "content": PROMPTS[0]}]
+    assert post(server, "/tokenize", {"messages": messages}).json()["tokens"] == chat_ids(model, PROMPTS[0])
+    assert post(server, "/detokenize", {"tokens": r["tokens"]}).json()["prompt"] == text
+    for path, body, field in (("/tokenize", {"prompt": 3}, "prompt"), ("/tokenize", {"text": "x"}, "text"),
+                              ("/detokenize", {"tokens": [-1]}, "tokens"), ("/detokenize", {"tokens": "ab"}, "tokens")):
+        bad = post(server, path, body)
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == field, (path, body, bad.text)
+
+
 def test_defaults_temperature_1_and_the_rest_of_the_context(server, model):
     """Without temperature a request samples at 1.0 (OpenAI's default); without max_tokens it may
     use the rest of the context (1024 here), and no more."""
@@ -529,8 +547,9 @@ def test_it_binds_127_0_0_1_unless_told_and_refuses_bad_flags():
 
 def test_soak_memory_flat_and_nothing_lost():
     """Two thousand requests, mixed lengths, streamed and not, some ended by a stop string, some
-    with logprobs or echoed, one in ten cancelled by its client: every request is answered, refused with a reason or cancelled; the server's RSS
-    after the second thousand is within a few MB of what it was after the first."""
+    with logprobs or echoed, one in ten cancelled by its client: every request is answered,
+    refused with a reason or cancelled; the server's RSS after the second thousand is within a
+    few MB of what it was after the first."""
     proc, url = start("--max-batch", "8", "--context", "256", "--queue-size", "64")
     rng = random.Random(0)
 
