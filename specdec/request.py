@@ -209,15 +209,16 @@ def _decode(tokenizer, ids) -> str | None:
 
 
 def check_request(model, tokenizer, prompt, max_tokens, temperature=0.0, top_k=None, top_p=None, seed=None,
-                  chat=False, context: int | None = None) -> "Request":
+                  chat=False, context: int | None = None, logprobs: int | None = None) -> "Request":
     """Every check a request gets, before any compute; the request, ready to run. context: the
     positions it may use (default: the model's context)."""
     params = check_sampling(temperature, top_k, top_p)
     check_max_tokens(max_tokens)
     check_seed(seed)
+    check_logprobs(logprobs)
     prompt_ids = encode_prompt(prompt, tokenizer, model, chat)
     check_context(model.max_context if context is None else context, model.name, len(prompt_ids), max_tokens)
-    return Request(prompt_ids, max_tokens, params, Noise(seed, model.device), model.eos_token_ids)
+    return Request(prompt_ids, max_tokens, params, Noise(seed, model.device), model.eos_token_ids, logprobs)
 
 
 class Request:
@@ -306,12 +307,9 @@ class Run:
                  stream, logprobs=None):
         prompts, self.batched = as_batch(prompt)
         seeds = row_seeds(seed, len(prompts))
-        check_logprobs(logprobs)
         self.rows = Rows(model, len(prompts))
-        self.requests = [check_request(model, tokenizer, p, max_tokens, temperature, top_k, top_p, s, chat)
-                         for p, s in zip(prompts, seeds)]
-        for r in self.requests:
-            r.logprobs = logprobs
+        self.requests = [check_request(model, tokenizer, p, max_tokens, temperature, top_k, top_p, s, chat,
+                                       logprobs=logprobs) for p, s in zip(prompts, seeds)]
         self.params = self.requests[0].params
         self.prompt_ids = [r.prompt_ids for r in self.requests]
         self.noises = [r.noise for r in self.requests]

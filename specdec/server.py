@@ -84,13 +84,14 @@ class Output:
         if not self.stop:
             self.ids += new
             self.text += self.delta(new, final)
-        for i, token in enumerate(new if self.stop else ()):  # one at a time, to know which one stops
-            self.ids.append(token)
-            self.text += self.delta([token], final and i == len(new) - 1)
-            cut = self._stop_at()
-            if cut is not None:
-                self.text, self.stopped = self.text[:cut], True
-                break
+        else:
+            for i, token in enumerate(new):  # one at a time, to know which one completes a stop string
+                self.ids.append(token)
+                self.text += self.delta([token], final and i == len(new) - 1)
+                cut = self._stop_at()
+                if cut is not None:
+                    self.text, self.stopped = self.text[:cut], True
+                    break
         end = len(self.text) if final or self.stopped else len(self.text) - self._held()
         text, self.sent = self.text[self.sent:end], max(self.sent, end)
         return text, self.ids[start:]
@@ -112,10 +113,10 @@ class Logprobs:
     """A choice's `logprobs`, in its endpoint's form, for the output's tokens as they are sent:
     chat's list of {token, logprob, bytes, top_logprobs}, or completions' parallel lists."""
 
-    def __init__(self, tokenizer, kind: str, request):
+    def __init__(self, tokenizer, kind: str, request, prompt: list | None = None):
         self.tokenizer, self.kind, self.request = tokenizer, kind, request
         self.given, self.offset = 0, 0  # tokens given so far; their text's length (text_offset)
-        self.prompt: list | None = None  # echo: the prompt's entries, given before the first token's
+        self.prompt = prompt  # echo: the prompt's entries (filled at prefill), given before the first token's
 
     def __call__(self, n: int) -> dict | None:
         """The next n tokens' entries (None: the request did not ask for logprobs)."""
@@ -349,7 +350,7 @@ class Server:
         try:  # a prompt's answer j samples with seed + j, as row j of a batch does (request.row_seeds)
             seeds = row_seeds(body.get("seed"), n)
             requests = [check_request(self.model, self.tokenizer, ids, max_tokens, context=self.batcher.context,
-                                      seed=seed, **sampling) for ids in prompts for seed in seeds]
+                                      seed=seed, logprobs=logprobs, **sampling) for ids in prompts for seed in seeds]
             self.batcher.drafter.check_prompts(prompts)
         except (ValueError, TypeError) as exc:
             message = str(exc)  # each check's message starts with what it checks
@@ -360,7 +361,7 @@ class Server:
             raise BadRequest(message.replace("max_tokens", name), name if param == "max_tokens" else param) from None
         ignore_eos = _field(body, "ignore_eos", (bool,), False)
         for req in requests:
-            req.eos, req.logprobs = () if ignore_eos else req.eos, logprobs
+            req.eos = () if ignore_eos else req.eos
         flags = {"stream": stream, "usage": bool(options.get("include_usage")), "n": n, "echo": echo,
                  "ids": _field(body, "return_token_ids", (bool,), False), "stop": stop}
         return requests, _field(body, "speculative", (bool,), True), flags
@@ -387,13 +388,14 @@ class Server:
                 except RuntimeError:  # the loop has closed (shutdown): nobody is waiting
                     pass
             return emit
-        echo = flags["echo"] and requests[0].logprobs is not None  # the prompt's own logprobs too
-        choices = [Choice(Job(req, emitter(i), speculative, prompt_logprobs=[] if echo else None),
-                          Output(self.tokenizer, flags["stop"]), Logprobs(self.tokenizer, kind, req),
-                          self.tokenizer.decode(req.prompt_ids, skip_special_tokens=True) if flags["echo"] else "")
-                   for i, req in enumerate(requests)]
-        for c in choices:
-            c.logprobs.prompt = c.job.prompt_logprobs
+        score_prompt = flags["echo"] and requests[0].logprobs is not None  # the prompt's own logprobs too
+        choices = []
+        for i, req in enumerate(requests):
+            job = Job(req, emitter(i), speculative, prompt_logprobs=[] if score_prompt else None)
+            choices.append(Choice(job, Output(self.tokenizer, flags["stop"]),
+                                  Logprobs(self.tokenizer, kind, req, job.prompt_logprobs),
+                                  self.tokenizer.decode(req.prompt_ids, skip_special_tokens=True) if flags["echo"]
+                                  else ""))
         try:
             self.batcher.submit(*(c.job for c in choices))
         except QueueFull as exc:
@@ -406,10 +408,9 @@ class Server:
             return StreamingResponse(answer, media_type="text/event-stream")
         return await answer
 
-    def _next(self, choices: list["Choice"], i: int, new: list[int], reason: str | None):
-        """Choice i's news: the text and ids to send, and its finish reason if it ended (a stop
+    def _next(self, c: "Choice", new: list[int], reason: str | None):
+        """A choice's news: the text and ids to send, and its finish reason if it ended (a stop
         string ends it here, and its job at the next step)."""
-        c = choices[i]
         text, ids = c.output(new, final=reason is not None)
         if c.output.stopped:
             self.batcher.cancel(c.job, "stop")
@@ -468,7 +469,7 @@ class Server:
                     return error(503 if reason == "cancelled" else 500, f"the request was {reason}: the server is "
                                  "shutting down" if reason == "cancelled" else "the engine failed on this request",
                                  kind="server_error")
-                self._next(choices, i, new, reason)
+                self._next(choices[i], new, reason)
         finally:
             gone.cancel()
         return JSONResponse(self._envelope(kind, rid, False) | {
@@ -493,7 +494,7 @@ class Server:
                 if reason in ("cancelled", "error"):
                     yield _sse({"error": {"message": f"the request was {reason}", "type": "server_error"}})
                     return
-                text, ids, reason = self._next(choices, i, new, reason)
+                text, ids, reason = self._next(c, new, reason)
                 text, c.echo = c.echo + text, ""  # an echoed prompt comes with the first token
                 if text or reason or (ids and (flags["ids"] or c.job.request.logprobs is not None)):
                     yield _sse(head | {"choices": [self._choice(kind, i, text, reason, ids if flags["ids"] else None,
