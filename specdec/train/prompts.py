@@ -325,7 +325,7 @@ def _stdlib_functions() -> list[str]:
 
 def _segment(lines: list[str], node: ast.AST) -> str:
     """ast.get_source_segment(source, node) from the source's lines, split once: it splits the
-    whole file again at each call (23 s for the standard library's functions)."""
+    whole file again at each call."""
     first, last = node.lineno - 1, node.end_lineno - 1  # offsets are in UTF-8 bytes
     if first == last:
         return lines[first].encode()[node.col_offset:node.end_col_offset].decode()
