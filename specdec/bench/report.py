@@ -20,7 +20,7 @@ from .interference import STALL, TRIAL_CORES
 from .stats import predicted_speedup
 
 DASH = "–"
-HALF_DTYPES = ("bfloat16", "float16")  # top-2 logit margins below 0.25 are likely ties there; 1e-3 otherwise
+HALF_DTYPES = ("bfloat16", "float16", "int8")  # top-2 logit margins below 0.25 are likely ties there; 1e-3 otherwise
 
 
 class _Skip(Exception):

@@ -158,7 +158,8 @@ def environment(cfg: BenchConfig, dtype) -> dict:
         "device": cfg.device, "dtype": None if dtype is None else str(dtype).replace("torch.", ""),
         "python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
         "engine": cfg.engine, "llama_cpp_python": _version_of("llama-cpp-python"),
-        "native_kernel": kernel.isa() if (cfg.engine, dtype, cfg.device) == ("native", torch.bfloat16, "cpu") else None,
+        "native_kernel": kernel.isa() if cfg.engine == "native" and dtype in (torch.bfloat16, torch.int8)
+        and cfg.device == "cpu" else None,
         "specdec": __version__, "git_commit": git_commit(), "platform": platform.platform(),
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
     }
@@ -357,6 +358,8 @@ def _run(cfg: BenchConfig, progress: bool, log) -> dict:
     hf = hf_draft = None
     if cfg.peers and not cfg.batch_sizes and cfg.model in LLAMA_CPP_ONLY:
         log(f"transformers peers skipped: {cfg.model} has no transformers checkpoint here")
+    elif cfg.peers and not cfg.batch_sizes and dtype == torch.int8:
+        log("transformers peers skipped: int8 weights are the native engine's (llama.cpp's peer runs Q8_0)")
     elif cfg.peers and not cfg.batch_sizes:
         t0 = time.perf_counter()
         hf = load_hf(cfg.model, dtype, cfg.device)

@@ -17,7 +17,12 @@
 //     Then greedy speculative output equals plain greedy output in bf16 by construction.
 //
 // Numerics: bf16 weights, activations rounded to bf16 wherever a matmul reads them (as torch's
-// bf16 path does), fp32 accumulation, an fp32 residual stream, fp32 logits.
+// bf16 path does), fp32 accumulation, an fp32 residual stream, fp32 logits. A matrix may
+// instead hold int8 weights with a bf16 scale per block of 32 along a row (dtype "int8",
+// llama.Int8Linear): about half the bytes to read, which is what a memory-bound pass costs.
+// The dot products widen each block in registers to bf16(q * scale) (exact product, one
+// rounding) and go on as for bf16 weights, so the pass has exactly the bits of a bf16 pass
+// over those widened weights.
 //
 // Built on first use by specdec/models/kernel.py; called through ctypes with raw pointers.
 #include <cmath>
@@ -92,6 +97,8 @@ constexpr size_t PREFETCH_AHEAD = 12 << 10;  // bytes of weights in flight per t
 // ---- dot products: out[m * ldo + r] = x[m] . W[r] for a tile of R weight rows and MT inputs ----
 // K is a multiple of 32. Products of two bf16 values are exact in fp32, so a fused or a separate
 // multiply-add gives the same sum; only the order of the adds matters, and it is fixed by k.
+// W is bf16, or int8 (WT = int8_t) with `scale` its block scales (ldw / 32 a row), widened to
+// bf16(q * scale) as they are read. A line of weights is prefetched per 64 bytes consumed.
 
 #if defined(__AVX512BF16__)
 // Sums of 16 vectors, r[j] = sum of a[j]'s lanes, by a butterfly of shuffles (about 3
@@ -113,17 +120,25 @@ static inline __m512 sum16(__m512* a) {
     return _mm512_permutexvar_ps(order, e);
 }
 
-template <int R, int MT>
-static inline void dot_tile(const bf16* x, int ldx, const bf16* W, int ldw, int K, float* out, int ldo,
-                            const char* pf) {
+static inline __m512bh bf16x32(const bf16* p, const bf16*) { return (__m512bh)_mm512_loadu_si512((const void*)p); }
+static inline __m512bh bf16x32(const int8_t* p, const bf16* scale) {  // q * scale is exact in fp32; rounded to nearest even
+    const __m512 s = _mm512_set1_ps(f32(*scale));
+    const __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)p)));
+    const __m512 hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(p + 16))));
+    return _mm512_cvtne2ps_pbh(_mm512_mul_ps(hi, s), _mm512_mul_ps(lo, s));
+}
+
+template <int R, int MT, typename WT>
+static inline void dot_tile(const bf16* x, int ldx, const WT* W, int ldw, int K, float* out, int ldo,
+                            const char* pf, const bf16* scale = nullptr) {
     __m512 acc[R][MT];
     for (int r = 0; r < R; r++)
         for (int m = 0; m < MT; m++) acc[r][m] = _mm512_setzero_ps();
     for (int k = 0; k < K; k += 32) {
         __m512bh w[R];
         for (int r = 0; r < R; r++) {
-            w[r] = (__m512bh)_mm512_loadu_si512((const void*)(W + (size_t)r * ldw + k));
-            if (pf) _mm_prefetch(pf, _MM_HINT_T0), pf += 64;
+            w[r] = bf16x32(W + (size_t)r * ldw + k, scale + (size_t)r * (ldw / 32) + k / 32);
+            if (pf && k * sizeof(WT) % 64 == 0) _mm_prefetch(pf, _MM_HINT_T0), pf += 64;
         }
         for (int m = 0; m < MT; m++) {
             __m512bh xv = (__m512bh)_mm512_loadu_si512((const void*)(x + (size_t)m * ldx + k));
@@ -158,6 +173,17 @@ static inline __m256 f32x8(const bf16* p) {
 
 static inline __m256 f32x8(const float* p) { return _mm256_loadu_ps(p); }
 
+static inline __m256 f32x8(const bf16* p, const bf16*) { return f32x8(p); }
+
+static inline __m256 f32x8(const int8_t* p, const bf16* scale) {  // bf16(q * scale), as to_bf16 rounds
+    const __m256 v = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)p))),
+                                   _mm256_set1_ps(f32(*scale)));
+    const __m256i u = _mm256_castps_si256(v);
+    const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+    const __m256i r = _mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7fff), lsb));
+    return _mm256_castsi256_ps(_mm256_and_si256(r, _mm256_set1_epi32((int)0xffff0000u)));
+}
+
 // tree16 of lanes 0-7 (lo) and 8-15 (hi) in registers, by the same adds in the same order
 // (attention's scores are one short dot product each, where a trip through memory cost more
 // than the products).
@@ -168,17 +194,18 @@ static inline float tree16(__m256 lo, __m256 hi) {
     return _mm_cvtss_f32(_mm_add_ss(d, _mm_shuffle_ps(d, d, 1)));
 }
 
-template <int R, int MT, typename X>
-static inline void dot_tile(const X* x, int ldx, const bf16* W, int ldw, int K, float* out, int ldo,
-                            const char* pf) {
+template <int R, int MT, typename X, typename WT>
+static inline void dot_tile(const X* x, int ldx, const WT* W, int ldw, int K, float* out, int ldo,
+                            const char* pf, const bf16* scale = nullptr) {
     for (int r = 0; r < R; r++) {
         __m256 acc[MT][2];  // [m][0]: lanes 0-7, [m][1]: lanes 8-15 of the portable form
         for (int m = 0; m < MT; m++) acc[m][0] = acc[m][1] = _mm256_setzero_ps();
-        const bf16* w = W + (size_t)r * ldw;
+        const WT* w = W + (size_t)r * ldw;
+        const bf16* sr = scale ? scale + (size_t)r * (ldw / 32) : nullptr;
         for (int k = 0; k < K; k += 32) {
-            if (pf) _mm_prefetch(pf, _MM_HINT_T0), pf += 64;
+            if (pf && k * sizeof(WT) % 64 == 0) _mm_prefetch(pf, _MM_HINT_T0), pf += 64;
             for (int g = 0; g < 4; g++) {  // k + 8g: lanes 0-7 for even g, 8-15 for odd
-                const __m256 wv = f32x8(w + k + 8 * g);
+                const __m256 wv = f32x8(w + k + 8 * g, sr + k / 32);
                 for (int m = 0; m < MT; m++)
                     acc[m][g & 1] = _mm256_fmadd_ps(f32x8(x + (size_t)m * ldx + k + 8 * g), wv, acc[m][g & 1]);
             }
@@ -189,17 +216,21 @@ static inline void dot_tile(const X* x, int ldx, const bf16* W, int ldw, int K, 
 #define SPECDEC_ISA "avx2"
 #else
 // Portable form: 16 independent lanes the compiler vectorizes without reassociating.
-template <int R, int MT>
-static inline void dot_tile(const bf16* x, int ldx, const bf16* W, int ldw, int K, float* out, int ldo,
-                            const char* pf) {
+static inline float widen(const bf16* W, const bf16*, size_t i, size_t) { return f32(W[i]); }
+static inline float widen(const int8_t* W, const bf16* scale, size_t i, size_t b) { return f32(to_bf16((float)W[i] * f32(scale[b]))); }
+
+template <int R, int MT, typename WT>
+static inline void dot_tile(const bf16* x, int ldx, const WT* W, int ldw, int K, float* out, int ldo,
+                            const char* pf, const bf16* scale = nullptr) {
     float acc[R][MT][16] = {};
     for (int k = 0; k < K; k += 32) {
-        if (pf)
+        if (pf && k * sizeof(WT) % 64 == 0)
             for (int r = 0; r < R; r++) __builtin_prefetch(pf, 0, 3), pf += 64;
         for (int half = 0; half < 32; half += 16) {
             float w[R][16];
             for (int r = 0; r < R; r++)
-                for (int l = 0; l < 16; l++) w[r][l] = f32(W[(size_t)r * ldw + k + half + l]);
+                for (int l = 0; l < 16; l++)
+                    w[r][l] = widen(W, scale, (size_t)r * ldw + k + half + l, (size_t)r * (ldw / 32) + k / 32);
             for (int m = 0; m < MT; m++) {
                 float xv[16];
                 for (int l = 0; l < 16; l++) xv[l] = f32(x[(size_t)m * ldx + k + half + l]);
@@ -239,6 +270,7 @@ static Operand operand(const bf16* x, int M, int K, std::vector<uint32_t>& scrat
     return {x, M, K, x};
 #endif
 }
+#endif
 
 // Inputs go in balanced tiles of at most TILE_INPUTS rows: R * MT independent accumulators keep
 // the dot-product unit busy (a 1-row tile beside a 4-row one would wait on its own latency).
@@ -251,39 +283,72 @@ constexpr int TILE_INPUTS = 4;
 #else
 constexpr int TILE_INPUTS = 6;
 #endif
-template <int R, typename X>
-static void dot_rows(const X* x, int M, int K, const bf16* W, float* out, int ldo, Stream* s) {
+// R rows of int8 weights widened to bf16(q * scale) into `out` ([R, K]), the bits the dot
+// products widen them to in registers; prefetching the stream's lines as it reads.
+static void widen_rows(const int8_t* W, const bf16* scale, int R, int K, bf16* out, const char* pf) {
+    for (int r = 0; r < R; r++)
+        for (int k = 0; k < K; k += 32) {
+            if (pf && k % 64 == 0) __builtin_prefetch(pf, 0, 3), pf += 64;
+            const int8_t* q = W + (size_t)r * K + k;
+            const bf16* sc = scale + (size_t)r * (K / 32) + k / 32;
+#if defined(__AVX512BF16__)
+            _mm512_storeu_si512((void*)(out + (size_t)r * K + k), (__m512i)bf16x32(q, sc));
+#else
+            for (int l = 0; l < 32; l++) out[(size_t)r * K + k + l] = to_bf16((float)q[l] * f32(*sc));
+#endif
+        }
+}
+
+template <int R, typename X, typename WT>
+static void dot_rows(const X* x, int M, int K, const WT* W, const bf16* scale, float* out, int ldo, Stream* s) {
     // Each tile prefetches the same span: for blocks of more than one tile, asking again in the
     // second tile measured faster than asking once (10.3 vs 11.9 ms a 9-token pass).
-    const char* pf = s ? s->take((size_t)R * K * sizeof(bf16)) : nullptr;
+    const char* pf = s ? s->take((size_t)R * K * sizeof(WT)) : nullptr;
     const int tiles = (M + TILE_INPUTS - 1) / TILE_INPUTS;
+    if constexpr (sizeof(WT) == 1) {
+        if (tiles > 1) {  // int8 rows for several tiles: widened once, not once a tile
+            thread_local std::vector<bf16> wide;
+            wide.resize((size_t)R * K);
+            widen_rows(W, scale, R, K, wide.data(), pf);
+            return dot_rows<R>(x, M, K, (const bf16*)wide.data(), nullptr, out, ldo, nullptr);
+        }
+    }
     for (int t = 0, m0 = 0; t < tiles; t++) {
         const int mt = (M - m0) / (tiles - t);
         const X* xm = x + (size_t)m0 * K;
         float* o = out + (size_t)m0 * ldo;
         switch (mt) {
-            case 6: dot_tile<R, 6>(xm, K, W, K, K, o, ldo, pf); break;
-            case 5: dot_tile<R, 5>(xm, K, W, K, K, o, ldo, pf); break;
-            case 4: dot_tile<R, 4>(xm, K, W, K, K, o, ldo, pf); break;
-            case 3: dot_tile<R, 3>(xm, K, W, K, K, o, ldo, pf); break;
-            case 2: dot_tile<R, 2>(xm, K, W, K, K, o, ldo, pf); break;
-            default: dot_tile<R, 1>(xm, K, W, K, K, o, ldo, pf); break;
+            case 6: dot_tile<R, 6>(xm, K, W, K, K, o, ldo, pf, scale); break;
+            case 5: dot_tile<R, 5>(xm, K, W, K, K, o, ldo, pf, scale); break;
+            case 4: dot_tile<R, 4>(xm, K, W, K, K, o, ldo, pf, scale); break;
+            case 3: dot_tile<R, 3>(xm, K, W, K, K, o, ldo, pf, scale); break;
+            case 2: dot_tile<R, 2>(xm, K, W, K, K, o, ldo, pf, scale); break;
+            default: dot_tile<R, 1>(xm, K, W, K, K, o, ldo, pf, scale); break;
         }
         m0 += mt;
     }
 }
 
-// out[m * ldo + (n - n0)] = x[m] . W[n] for n in [n0, n1): x is [M, K], W is [N, K].
-static void dots(const Operand& in, const bf16* W, int n0, int n1, float* out, int ldo, Stream* s) {
+// out[m * ldo + (n - n0)] = x[m] . W[n] for n in [n0, n1): x is [M, K], W is [N, K] (int8 W with
+// its block scales, [N, K / 32]). The AMX form has its own for bf16 W below; int8 W comes here
+// in every form.
+template <typename WT>
+static void dot_range(const Operand& in, const WT* W, const bf16* scale, int n0, int n1, float* out, int ldo, Stream* s) {
 #if defined(SPECDEC_FP32_INPUTS)
     const float* x = static_cast<const float*>(in.prepared);
 #else
     const bf16* x = in.x;
 #endif
     const int M = in.M, K = in.K;
+    auto sc = [&](int n) { return scale ? scale + (size_t)n * (K / 32) : nullptr; };
     int n = n0;
-    for (; n + 4 <= n1; n += 4) dot_rows<4>(x, M, K, W + (size_t)n * K, out + (n - n0), ldo, s);
-    for (; n < n1; n++) dot_rows<1>(x, M, K, W + (size_t)n * K, out + (n - n0), ldo, s);
+    for (; n + 4 <= n1; n += 4) dot_rows<4>(x, M, K, W + (size_t)n * K, sc(n), out + (n - n0), ldo, s);
+    for (; n < n1; n++) dot_rows<1>(x, M, K, W + (size_t)n * K, sc(n), out + (n - n0), ldo, s);
+}
+
+#if !defined(SPECDEC_AMX)
+static void dots(const Operand& in, const bf16* W, int n0, int n1, float* out, int ldo, Stream* s) {
+    dot_range(in, W, nullptr, n0, n1, out, ldo, s);
 }
 #endif
 
@@ -1024,8 +1089,27 @@ static void project_out(float* y, const bf16* bias, bool rotate, const float* c,
 #endif
 }
 
-// Per layer: 9 weight pointers, then 7 optional biases (null when absent).
-enum { IN_NORM, WQ, WK, WV, WO, POST_NORM, WG, WU, WD, BQ, BK, BV, BO, BG, BU, BD, PER_LAYER };
+// Per layer: 9 weight pointers, then 7 optional biases (null when absent), then the 7 matrices'
+// block scales (null for a bf16 matrix, else its weights are int8).
+enum { IN_NORM, WQ, WK, WV, WO, POST_NORM, WG, WU, WD, BQ, BK, BV, BO, BG, BU, BD, SQ, SK, SV, SO, SG, SU, SD, PER_LAYER };
+
+// A weight matrix [N, K]: bf16 rows, or int8 rows with bf16 scales [N, K / 32] (scale not null).
+struct Mat {
+    const void* w;
+    const bf16* scale;
+    size_t row_bytes(int K) const { return (size_t)K * (scale ? sizeof(int8_t) : sizeof(bf16)); }
+    Mat rows(size_t r0, int K) const { return {(const char*)w + r0 * row_bytes(K), scale ? scale + r0 * (K / 32) : nullptr}; }
+};
+
+static Mat layer_mat(const uint64_t* p, int which) {
+    const int s = which < POST_NORM ? SQ + (which - WQ) : SG + (which - WG);
+    return {(const void*)p[which], (const bf16*)p[s]};
+}
+
+static void dots(const Operand& in, const Mat& W, int n0, int n1, float* out, int ldo, Stream* s) {
+    if (W.scale) dot_range(in, (const int8_t*)W.w, W.scale, n0, n1, out, ldo, s);
+    else dots(in, (const bf16*)W.w, n0, n1, out, ldo, s);
+}
 
 extern "C" const char* specdec_isa() { return SPECDEC_ISA; }
 
@@ -1045,9 +1129,9 @@ extern "C" int specdec_ready() {
 // depends on the other rows, so a row gets the same bits in any batch and any block.
 // cfg: D, I, H, Hkv, hd, layers, capacity, vocab rows of `head`, batch.
 // cache_k / cache_v: [layers, batch, Hkv, capacity, hd] bf16.
-// Logits [n_out, head rows] for the rows listed in out (ascending).
+// Logits [n_out, head rows] for the rows listed in out (ascending); head_scale as a layer's scales.
 static int pass(const int64_t* cfg, float eps, const float* inv_freq, const uint64_t* layer_ptrs, const bf16* embed,
-                const bf16* final_norm, const bf16* head, bf16* cache_k, bf16* cache_v, const int64_t* tokens,
+                const bf16* final_norm, const Mat head, bf16* cache_k, bf16* cache_v, const int64_t* tokens,
                 const int64_t* seq, const int64_t* pos, int M, const int64_t* out, int n_out, float* logits, int nthreads) {
     const int D = (int)cfg[0], I = (int)cfg[1], H = (int)cfg[2], Hkv = (int)cfg[3], hd = (int)cfg[4];
     const int layers = (int)cfg[5], C = (int)cfg[6], Vh = (int)cfg[7], B = (int)cfg[8];
@@ -1091,26 +1175,31 @@ static int pass(const int64_t* cfg, float eps, const float* inv_freq, const uint
         Stream stream;  // this thread's weights, in the order of the stages below
         std::vector<uint32_t> scratch;  // this thread's prepared operand, stage after stage
         std::vector<uint32_t> chunk_scratch;  // this thread's packed K/V chunk (the AMX form's attention)
+        // rows [lo, hi) of a matrix with K columns, in the order the stages read them
+        auto add = [&](const Mat& w, int K) { stream.add(w.rows(lo, K).w, (size_t)(hi - lo) * w.row_bytes(K)); };
         for (int layer = 0; layer < layers; layer++) {
-            const bf16* const* p = (const bf16* const*)(layer_ptrs + (size_t)layer * PER_LAYER);
+            const uint64_t* p = layer_ptrs + (size_t)layer * PER_LAYER;
             share(H + 2 * Hkv, 1, tid, nt, &lo, &hi);
-            for (int u = lo; u < hi; u++)
-                stream.add(u < H ? p[WQ] + (size_t)u * hd * D : u < H + Hkv ? p[WK] + (size_t)(u - H) * hd * D
-                                                                            : p[WV] + (size_t)(u - H - Hkv) * hd * D,
-                           (size_t)hd * D * sizeof(bf16));
+            for (int u = lo; u < hi; u++) {
+                const Mat w = u < H ? layer_mat(p, WQ).rows((size_t)u * hd, D)
+                            : u < H + Hkv ? layer_mat(p, WK).rows((size_t)(u - H) * hd, D)
+                                          : layer_mat(p, WV).rows((size_t)(u - H - Hkv) * hd, D);
+                stream.add(w.w, (size_t)hd * w.row_bytes(D));
+            }
             share(D, 16, tid, nt, &lo, &hi);
-            stream.add(p[WO] + (size_t)lo * Q, (size_t)(hi - lo) * Q * sizeof(bf16));
+            add(layer_mat(p, WO), Q);
             share(I, 16, tid, nt, &lo, &hi);
-            stream.add(p[WG] + (size_t)lo * D, (size_t)(hi - lo) * D * sizeof(bf16));
-            stream.add(p[WU] + (size_t)lo * D, (size_t)(hi - lo) * D * sizeof(bf16));
+            add(layer_mat(p, WG), D);
+            add(layer_mat(p, WU), D);
             share(D, 16, tid, nt, &lo, &hi);
-            stream.add(p[WD] + (size_t)lo * I, (size_t)(hi - lo) * I * sizeof(bf16));
+            add(layer_mat(p, WD), I);
         }
         share(Vh, 16, tid, nt, &lo, &hi);
-        stream.add(head + (size_t)lo * D, (size_t)(hi - lo) * D * sizeof(bf16));
+        add(head, D);
         stream.advance(PREFETCH_AHEAD);
         for (int layer = 0; layer < layers; layer++) {
             const bf16* const* p = (const bf16* const*)(layer_ptrs + (size_t)layer * PER_LAYER);
+            const uint64_t* mats = layer_ptrs + (size_t)layer * PER_LAYER;
             bf16* kc = cache_k + layer * layer_stride;
             bf16* vc = cache_v + layer * layer_stride;
 #pragma omp for schedule(static)
@@ -1119,9 +1208,9 @@ static int pass(const int64_t* cfg, float eps, const float* inv_freq, const uint
             share(H + 2 * Hkv, 1, tid, nt, &lo, &hi);
             const Operand xq = operand(xn.data(), M, D, scratch);
             for (int u = lo; u < hi; u++) {
-                const bf16* w = u < H ? p[WQ] + (size_t)u * hd * D
-                              : u < H + Hkv ? p[WK] + (size_t)(u - H) * hd * D
-                                            : p[WV] + (size_t)(u - H - Hkv) * hd * D;
+                const Mat w = u < H ? layer_mat(mats, WQ).rows((size_t)u * hd, D)
+                            : u < H + Hkv ? layer_mat(mats, WK).rows((size_t)(u - H) * hd, D)
+                                          : layer_mat(mats, WV).rows((size_t)(u - H - Hkv) * hd, D);
                 const bf16* b = u < H ? p[BQ] : u < H + Hkv ? p[BK] : p[BV];
                 const int boff = (u < H ? u : u < H + Hkv ? u - H : u - H - Hkv) * hd;
                 float* o = &buf[(size_t)u * hd];
@@ -1171,21 +1260,21 @@ static int pass(const int64_t* cfg, float eps, const float* inv_freq, const uint
                              &att[(size_t)m * Q + hh * hd]);
             }
             share(D, 16, tid, nt, &lo, &hi);
-            dots(operand(att.data(), M, Q, scratch), p[WO], lo, hi, &buf[lo], D, &stream);
+            dots(operand(att.data(), M, Q, scratch), layer_mat(mats, WO), lo, hi, &buf[lo], D, &stream);
             add_residual(&x[lo], D, &buf[lo], D, p[BO] ? p[BO] + lo : nullptr, M, hi - lo);
 #pragma omp barrier
 #pragma omp for schedule(static)
             for (int m = 0; m < M; m++) rms_norm(&x[(size_t)m * D], p[POST_NORM], D, eps, &xn[(size_t)m * D]);
             share(I, 16, tid, nt, &lo, &hi);
             const Operand xg = operand(xn.data(), M, D, scratch);
-            dots(xg, p[WG], lo, hi, &buf[lo], 2 * I, &stream);
-            dots(xg, p[WU], lo, hi, &buf[I + lo], 2 * I, &stream);
+            dots(xg, layer_mat(mats, WG), lo, hi, &buf[lo], 2 * I, &stream);
+            dots(xg, layer_mat(mats, WU), lo, hi, &buf[I + lo], 2 * I, &stream);
             for (int m = 0; m < M; m++)
                 swiglu(&buf[(size_t)m * 2 * I + lo], &buf[(size_t)m * 2 * I + I + lo], p[BG] ? p[BG] + lo : nullptr,
                        p[BU] ? p[BU] + lo : nullptr, hi - lo, &h[(size_t)m * I + lo]);
 #pragma omp barrier
             share(D, 16, tid, nt, &lo, &hi);
-            dots(operand(h.data(), M, I, scratch), p[WD], lo, hi, &buf[lo], D, &stream);
+            dots(operand(h.data(), M, I, scratch), layer_mat(mats, WD), lo, hi, &buf[lo], D, &stream);
             add_residual(&x[lo], D, &buf[lo], D, p[BD] ? p[BD] + lo : nullptr, M, hi - lo);
 #pragma omp barrier
         }
@@ -1199,10 +1288,10 @@ static int pass(const int64_t* cfg, float eps, const float* inv_freq, const uint
 }
 
 extern "C" int specdec_pass(const int64_t* cfg, float eps, const float* inv_freq, const uint64_t* layer_ptrs,
-                            const bf16* embed, const bf16* final_norm, const bf16* head, bf16* cache_k,
-                            bf16* cache_v, const int64_t* tokens, const int64_t* seq, const int64_t* pos, int M,
-                            const int64_t* out, int n_out, float* logits, int nthreads) {
-    return pass(cfg, eps, inv_freq, layer_ptrs, embed, final_norm, head, cache_k, cache_v, tokens, seq, pos, M, out,
+                            const bf16* embed, const bf16* final_norm, const void* head, const bf16* head_scale,
+                            bf16* cache_k, bf16* cache_v, const int64_t* tokens, const int64_t* seq, const int64_t* pos,
+                            int M, const int64_t* out, int n_out, float* logits, int nthreads) {
+    return pass(cfg, eps, inv_freq, layer_ptrs, embed, final_norm, Mat{head, head_scale}, cache_k, cache_v, tokens, seq, pos, M, out,
                 n_out, logits, nthreads);
 }
 

@@ -33,7 +33,7 @@ import torch
 SOURCE = Path(__file__).with_name("kernel.cpp")
 BLOCK = 32  # a sequence's block runs here up to this many tokens (speculation verifies at most 17)
 MAX_ROWS = 128  # rows of one pass over several sequences (kernel.cpp's limit)
-PER_LAYER = 16  # pointers per layer, in kernel.cpp's order
+PER_LAYER = 23  # pointers per layer, in kernel.cpp's order
 _FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC", "-std=c++17"]
 _library: ctypes.CDLL | None | bool = False  # False: not tried yet
 
@@ -92,7 +92,7 @@ def load(path: Path) -> ctypes.CDLL:
     lib.specdec_ready.restype = ctypes.c_int
     lib.specdec_pass.restype = ctypes.c_int
     p, i = ctypes.c_void_p, ctypes.c_int
-    lib.specdec_pass.argtypes = [p, ctypes.c_float, p, p, p, p, p, p, p, p, p, p, i, p, i, p, i]
+    lib.specdec_pass.argtypes = [p, ctypes.c_float, p, p, p, p, p, p, p, p, p, p, p, i, p, i, p, i]
     lib.specdec_linear.restype = None
     lib.specdec_linear.argtypes = [p, i, i, p, i, p, i]
     return lib
@@ -135,9 +135,10 @@ def tile_rows() -> int | None:
 
 
 def supports(module) -> bool:
-    """Whether the kernel computes this model: bf16 on the CPU, in shapes it tiles."""
+    """Whether the kernel computes this model: bf16 on the CPU (its projections bf16 or int8),
+    in shapes it tiles."""
     c = module.cfg
-    w = module.lm_head.weight
+    w = module.model.embed_tokens.weight
     return (w.dtype == torch.bfloat16 and w.device.type == "cpu" and c.hidden_size % 32 == 0
             and c.intermediate_size % 32 == 0 and c.head_dim % 32 == 0 and c.head_dim <= 256
             and c.num_heads % c.num_kv_heads == 0)
@@ -150,27 +151,30 @@ class Plan:
         c = module.cfg
         self.tensors = []  # what the pointers point into
 
-        def ptr(t) -> int:
+        def ptr(t, dtypes=(torch.bfloat16,)) -> int:
             if t is None:
                 return 0
-            if t.dtype != torch.bfloat16 or not t.is_contiguous():
-                raise ValueError("kernel weights must be contiguous bf16")
+            t = t.detach()
+            if t.dtype not in dtypes or not t.is_contiguous():
+                raise ValueError(f"kernel tensors must be contiguous {' or '.join(map(str, dtypes))}, not {t.dtype}")
             self.tensors.append(t)
             return t.data_ptr()
+
+        def scale(linear) -> int:  # an int8 matrix's block scales (llama.Int8Linear); 0 for bf16
+            return ptr(getattr(linear, "scale", None))
 
         ptrs = []
         for layer in module.model.layers:
             a, f = layer.self_attn, layer.mlp
-            weights = [layer.input_layernorm.weight, a.q_proj.weight, a.k_proj.weight, a.v_proj.weight,
-                       a.o_proj.weight, layer.post_attention_layernorm.weight, f.gate_proj.weight,
-                       f.up_proj.weight, f.down_proj.weight]
-            biases = [a.q_proj.bias, a.k_proj.bias, a.v_proj.bias, a.o_proj.bias, f.gate_proj.bias,
-                      f.up_proj.bias, f.down_proj.bias]
-            ptrs += [ptr(t.detach()) for t in weights] + [ptr(None if t is None else t.detach()) for t in biases]
+            matrices = [a.q_proj, a.k_proj, a.v_proj, a.o_proj, f.gate_proj, f.up_proj, f.down_proj]
+            weights = [ptr(layer.input_layernorm.weight)] + [ptr(m.weight, (torch.bfloat16, torch.int8)) for m in matrices]
+            weights.insert(5, ptr(layer.post_attention_layernorm.weight))
+            ptrs += weights + [ptr(m.bias) for m in matrices] + [scale(m) for m in matrices]
         self.layer_ptrs = torch.tensor(ptrs, dtype=torch.uint64)
-        self.embed = ptr(module.model.embed_tokens.weight.detach())
-        self.final_norm = ptr(module.model.norm.weight.detach())
+        self.embed = ptr(module.model.embed_tokens.weight)
+        self.final_norm = ptr(module.model.norm.weight)
         self.head = module.lm_head.weight.detach()
+        self.head_scale = getattr(module.lm_head, "scale", None)  # an int8 head's block scales, or None
         self.inv_freq = module.inv_freq.float().contiguous()
         self.dims = [c.hidden_size, c.intermediate_size, c.num_heads, c.num_kv_heads, c.head_dim, c.num_layers]
         self.eps = c.rms_norm_eps
@@ -205,17 +209,18 @@ def passes(seqs: list[int], sizes: list[int]) -> list[list[int]]:
     return groups
 
 
-def prepare(module, cache, head_rows: torch.Tensor | None) -> tuple[Plan, torch.Tensor, torch.Tensor]:
-    """A pass's plan, its head rows (checked) and its shape arguments (kept in the plan)."""
+def prepare(module, cache, head_rows: torch.Tensor | None) -> tuple[Plan, torch.Tensor, int, torch.Tensor]:
+    """A pass's plan, its head rows (checked), their scales' pointer (0: bf16 rows) and its
+    shape arguments (kept in the plan)."""
     plan = plan_for(module)
-    head = plan.head if head_rows is None else head_rows
-    if head.dtype != torch.bfloat16 or not head.is_contiguous() or cache.k.dtype != torch.bfloat16:
-        raise ValueError("the kernel runs on contiguous bf16 head rows and a bf16 cache")
+    head, head_scale = (plan.head, plan.head_scale) if head_rows is None else (head_rows, None)
+    if head_scale is None and head.dtype != torch.bfloat16 or not head.is_contiguous() or cache.k.dtype != torch.bfloat16:
+        raise ValueError("the kernel runs on contiguous bf16 (or scaled int8) head rows and a bf16 cache")
     key = (cache.capacity, head.shape[0], cache.batch)
     cfg = plan.cfgs.get(key)
     if cfg is None:
         cfg = plan.cfgs[key] = torch.tensor(plan.dims + list(key), dtype=torch.int64)
-    return plan, head, cfg
+    return plan, head, 0 if head_scale is None else head_scale.data_ptr(), cfg
 
 
 def run(lib, module, blocks: list[torch.Tensor], seqs: list[int], cache, last_only: bool,
@@ -226,7 +231,7 @@ def run(lib, module, blocks: list[torch.Tensor], seqs: list[int], cache, last_on
     Few lines on purpose: they run after the pass has streamed the weights through the
     caches, so each costs microseconds cold (docs/kernels.md, "What a pass costs around the
     kernel"); what does not change from pass to pass is kept in the plan."""
-    plan, head, cfg = prepare(module, cache, head_rows)
+    plan, head, head_scale, cfg = prepare(module, cache, head_rows)
     if len(blocks) == 1:  # one sequence's block: plain decoding and verification
         tokens, b = blocks[0].contiguous(), seqs[0]
         n = tokens.shape[0]
@@ -242,7 +247,7 @@ def run(lib, module, blocks: list[torch.Tensor], seqs: list[int], cache, last_on
         out = (ends - 1) if last_only else plan.rows[:int(ends[-1])]
     logits = torch.empty((out.shape[0], head.shape[0]), dtype=torch.float32)
     rc = lib.specdec_pass(cfg.data_ptr(), plan.eps, plan.inv_freq.data_ptr(), plan.layer_ptrs.data_ptr(),
-                          plan.embed, plan.final_norm, head.data_ptr(), cache.k.data_ptr(), cache.v.data_ptr(),
+                          plan.embed, plan.final_norm, head.data_ptr(), head_scale, cache.k.data_ptr(), cache.v.data_ptr(),
                           tokens.data_ptr(), seq.data_ptr(), pos.data_ptr(), tokens.shape[0], out.data_ptr(),
                           out.shape[0], logits.data_ptr(), torch.get_num_threads())
     if rc != 0:

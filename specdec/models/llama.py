@@ -120,6 +120,54 @@ class RMSNorm(nn.Module):
         return self.weight * xf.to(x.dtype)
 
 
+class Int8Linear(nn.Module):
+    """A linear layer stored as int8 weights with a bf16 scale per block of 32 along a row
+    (symmetric, as llama.cpp's Q8_0): 1.06 bytes a weight instead of bf16's 2, and a decoding
+    pass costs the bytes it reads. It computes exactly as the bf16 layer whose weights are
+    bf16(q * scale): the kernel widens each block in registers (kernel.cpp), the torch path
+    below widens the whole matrix. Each scale is rounded up to bf16 before the weights are
+    divided by it, so |q| <= 127 and the only loss is the rounding to q."""
+
+    BLOCK = 32
+
+    def __init__(self, linear: nn.Linear):
+        super().__init__()
+        w = linear.weight.detach().float()
+        N, K = w.shape
+        if K % self.BLOCK:
+            raise ValueError(f"int8 weights need rows in blocks of {self.BLOCK}, not {K} wide")
+        blocks = w.view(N, K // self.BLOCK, self.BLOCK)
+        need = blocks.abs().amax(-1) / 127
+        scale = need.to(torch.bfloat16)
+        up = (scale.view(torch.int16) + 1).view(torch.bfloat16)  # the next bf16 (scales are >= 0)
+        scale = torch.where(scale.float() < need, up, scale)
+        scale = torch.where(scale > 0, scale, torch.ones_like(scale))  # an all-zero block stays zero
+        q = torch.round(blocks / scale.float()[..., None]).clamp(-127, 127).to(torch.int8)
+        self.register_buffer("weight", q.view(N, K).contiguous())
+        self.register_buffer("scale", scale.contiguous())
+        self.bias = linear.bias
+
+    def widened(self, ids: torch.Tensor | None = None) -> torch.Tensor:
+        """The bf16 weights this layer computes with (rows `ids`, or all)."""
+        q, s = (self.weight, self.scale) if ids is None else (self.weight[ids], self.scale[ids])
+        return (q.float().view(q.shape[0], -1, self.BLOCK) * s.float()[..., None]).view(q.shape).to(torch.bfloat16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.widened().to(x.dtype), self.bias)
+
+
+def quantize_int8(module: "Llama") -> "Llama":
+    """Every projection and the output head as Int8Linear, in place (the embeddings stay bf16:
+    a pass reads only its tokens' rows; a tied head gets its own int8 copy)."""
+    for layer in module.model.layers:
+        for parent in (layer.self_attn, layer.mlp):
+            for name, child in list(parent.named_children()):
+                if isinstance(child, nn.Linear):
+                    setattr(parent, name, Int8Linear(child))
+    module.lm_head = Int8Linear(module.lm_head)
+    return module
+
+
 class Attention(nn.Module):
     def __init__(self, cfg: LlamaConfig):
         super().__init__()
@@ -194,8 +242,14 @@ class Llama(nn.Module):
             self.lm_head.weight = self.model.embed_tokens.weight
         self.register_buffer("inv_freq", rope_inv_freq(cfg), persistent=False)
 
+    @property
+    def dtype(self) -> torch.dtype:
+        """Of activations and the cache (the projections' weights may be int8: Int8Linear)."""
+        return self.model.embed_tokens.weight.dtype
+
     def new_cache(self, capacity: int, batch: int = 1) -> KVCache:
-        return KVCache(self.cfg, capacity, self.lm_head.weight.dtype, self.lm_head.weight.device, batch)
+        w = self.model.embed_tokens.weight
+        return KVCache(self.cfg, capacity, w.dtype, w.device, batch)
 
     @torch.inference_mode()
     def forward(self, tokens: torch.Tensor, cache: KVCache, last_only: bool = False,

@@ -17,14 +17,16 @@ import torch
 
 from .base import LanguageModel, eos_ids_of
 from .hf import HFAdapter
-from .llama import Llama, LlamaConfig, rope_inv_freq
+from .llama import Llama, LlamaConfig, quantize_int8, rope_inv_freq
 from .native import NativeLM
 from .pages import to_huge_pages
 from .registry import (DEFAULT_MODEL, EMBEDDED_GGUF, HEAD_TOKENS_FILE, LLAMA_CPP_ONLY, SHIPPED_DRAFTS,
                        TOKENIZER_FILES, WHY_LLAMA_CPP_ONLY, assembled_gguf, cache_dir,
                        embedded_gguf_path)
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# "int8": the native engine's projections and head as int8 with a bf16 scale per 32 weights, computed in
+# bf16 (llama.Int8Linear); on the llama.cpp engine, a Q8_0 file.
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "int8": torch.int8}
 
 
 class ModelFileError(ValueError):
@@ -224,7 +226,7 @@ def _generation_eos(path: Path, config, tokenizer) -> tuple[int, ...]:
 
 
 ENGINES = ("native", "llama.cpp")
-GGUF_FILE_TYPES = {torch.bfloat16: "bf16", torch.float16: "f16", torch.float32: "f32"}
+GGUF_FILE_TYPES = {torch.bfloat16: "bf16", torch.float16: "f16", torch.float32: "f32", torch.int8: "q8_0"}
 
 
 def load_model(name_or_path=DEFAULT_MODEL, *, dtype=None, device="cpu", engine="native") -> LanguageModel:
@@ -259,13 +261,22 @@ def _load_native(name_or_path, dtype, device) -> LanguageModel:
     except ValueError:
         cfg = None
     torch_dtype = resolve_dtype(dtype, device, native=cfg is not None)
+    if cfg is None and torch_dtype == torch.int8:
+        raise ValueError(f"dtype int8 runs Llama-family models on the native engine; {name} is a "
+                         f"{config.model_type} model (or engine='llama.cpp' for a Q8_0 file)")
     if cfg is None:
         from transformers import AutoModelForCausalLM
 
         hf = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch_dtype, use_safetensors=True,
                                                   trust_remote_code=False).to(device)
         return HFAdapter(hf, tokenizer=tokenizer, name=name)
-    lm = NativeLM(build_llama(cfg, files, torch_dtype, device), tokenizer=tokenizer, name=name,
+    if torch_dtype == torch.int8:
+        module = quantize_int8(build_llama(cfg, files, torch.bfloat16, device))
+        if torch.device(device).type == "cpu":  # one mapping on 2 MB pages again, without the bf16 copies
+            module.load_state_dict(to_huge_pages(module.state_dict()), assign=True)
+    else:
+        module = build_llama(cfg, files, torch_dtype, device)
+    lm = NativeLM(module, tokenizer=tokenizer, name=name,
                   eos_token_ids=_generation_eos(path, config, tokenizer))
     if (path / HEAD_TOKENS_FILE).exists():
         lm.head_tokens = json.loads((path / HEAD_TOKENS_FILE).read_text())["token_ids"]

@@ -6,7 +6,7 @@ import torch
 
 from . import kernel
 from .base import LanguageModel
-from .llama import Llama
+from .llama import Int8Linear, Llama
 from .pages import to_huge_pages
 
 
@@ -26,7 +26,7 @@ class NativeLM(LanguageModel):
         if cfg.sliding_window:
             # Beyond the window the reference model attends differently; refuse rather than diverge.
             limit = min(limit, cfg.sliding_window)
-        p = module.lm_head.weight
+        p = module.model.embed_tokens.weight  # the activations' dtype (int8 weights compute in it)
         super().__init__(vocab_size=cfg.vocab_size, max_context=max_context or limit, eos_token_ids=eos_token_ids,
                          dtype=p.dtype, device=p.device, tokenizer=tokenizer, name=name)
         self.module = module
@@ -50,7 +50,8 @@ class NativeLM(LanguageModel):
         ids = self.as_tensor(token_ids)
         if ids.ndim != 1 or ids.numel() == 0 or int(ids.min()) < 0 or int(ids.max()) >= self.vocab_size:
             raise ValueError(f"head token ids must be a non-empty list of ids in [0, {self.vocab_size})")
-        self.head = (ids, _on_pages(self.module.lm_head.weight[ids]))
+        head = self.module.lm_head
+        self.head = (ids, _on_pages(head.widened(ids) if isinstance(head, Int8Linear) else head.weight[ids]))
 
     @property
     def cache_len(self) -> int:
