@@ -11,6 +11,8 @@
              (plain Q8_0, its n-gram speculation, the shipped draft with -md), servers started here
              on 127.0.0.1, at 1, 4 and 16 requests in flight (needs pip install 'specdec[server]')
   poisson    the same servers, requests arriving as a Poisson process, at most 1, 4 and 16 in flight
+  quality    how close bf16, int8 and llama.cpp's Q8_0 weights keep the target to float32, teacher-forced
+             over the same prompts' text (a minute)
 
 Usage: python benchmarks/results.py [--out bench-runs/results] [--reuse] [--runs serving,...]
 (--reuse renders from the reports already in --out; --runs runs only those and reuses the rest.)
@@ -69,7 +71,48 @@ def run(out: Path, reuse: bool, only: set[str] | None) -> dict[str, dict]:
                 subprocess.run(["specdec", "bench", *endpoints, *args, "--out", str(out / name)], cwd=ROOT, check=True)
     for name in ("serving", "poisson"):
         reports[name] = json.loads((out / name / "report.json").read_text())
+    if not reuse and (only is None or "quality" in only):
+        print("== quality", file=sys.stderr)
+        (out / "quality").mkdir(parents=True, exist_ok=True)
+        (out / "quality" / "report.json").write_text(json.dumps(quality(), indent=1))
+    reports["quality"] = json.loads((out / "quality" / "report.json").read_text())
     return reports
+
+
+QUALITY_TOKENS = 256  # of each prompt's text
+
+
+def quality() -> dict:
+    """Each weight format's next-token agreement with float32 and mean KL divergence from it,
+    teacher-forced over the held-out prompts' first turns (their first QUALITY_TOKENS tokens)."""
+    import torch
+
+    from specdec.bench.runner import BenchConfig, environment
+    from specdec.models.loading import load_model
+
+    torch.set_num_threads(2)
+    texts = [json.loads(line)["turns"][0] for line in (ROOT / PROMPTS).read_text().splitlines() if line.strip()]
+    ref = load_model(dtype="float32")
+    ids = [ref.tokenizer(t)["input_ids"][:QUALITY_TOKENS] for t in texts]
+
+    def logprobs(model, tokens):
+        model.reset(len(tokens))
+        return model.forward(tokens).float().log_softmax(-1)
+
+    want = [logprobs(ref, t) for t in ids]
+    formats = {}
+    for name, kw in (("bf16", dict(dtype="bfloat16")), ("int8", dict(dtype="int8")),
+                     ("llama.cpp Q8_0", dict(dtype="int8", engine="llama.cpp"))):
+        model = load_model(**kw)
+        agree = kl = 0.0
+        for tokens, w in zip(ids, want):
+            got = logprobs(model, tokens)
+            agree += float((got.argmax(-1) == w.argmax(-1)).sum())
+            kl += float((w.exp() * (w - got)).sum(-1).sum())
+        n = sum(map(len, ids))
+        formats[name] = {"next_token_agreement": agree / n, "kl": kl / n}
+    return {"tokens": sum(map(len, ids)), "formats": formats,
+            "environment": environment(BenchConfig(), torch.float32)}
 
 
 def free_port() -> int:
@@ -296,6 +339,15 @@ def serving_bars(closed: dict, poisson: dict) -> list[str]:
     return lines
 
 
+def quality_table(report: dict) -> list[str]:
+    lines = ["| weights | bytes a weight | next token as float32's | KL from float32 (nats a token) |",
+             "|---|---:|---:|---:|"]
+    size = {"bf16": "2", "int8": "1.06", "llama.cpp Q8_0": "1.06"}
+    for name, v in report["formats"].items():
+        lines.append(f"| {name} | {size[name]} | {100 * v['next_token_agreement']:.1f}% | {v['kl']:.4f} |")
+    return lines
+
+
 def commits(reports: dict) -> str:
     """The commit the runs were made at, or each run's where they differ."""
     by_run = {name: r["environment"]["git_commit"] for name, r in reports.items()}
@@ -345,6 +397,11 @@ def render(reports: dict, out: Path) -> None:
         *serving_bars(reports["serving"], reports["poisson"]), "",
         "![Throughput and TPOT against requests in flight](img/serving_load.png)", "",
         *serving_table(reports["serving"], reports["poisson"]), "",
+        "## int8 weights", "",
+        "`--dtype int8` stores the projections and the output head as int8 with a bf16 scale per 32 weights, "
+        "llama.cpp's Q8_0 layout, and computes in bf16 (docs/kernels.md, \"int8 weights\"). How close each "
+        "format keeps the target to float32, teacher-forced over the 26 prompts' text (their first "
+        f"{QUALITY_TOKENS} tokens, {reports['quality']['tokens']} positions):", "", *quality_table(reports["quality"]), "",
         "## Other machines", "",
         "The default on the same 26 prompts on each machine, as the run there wrote it (benchmarks/machines.json; "
         "rows before this script come from `specdec bench` runs of the same prompts, their commands in "
