@@ -204,7 +204,7 @@ def test_non_gguf_file_is_refused(tmp_path):
         load_model(f, dtype="float32")
 
 
-@pytest.mark.parametrize("dtype", ["float64", "fp32", "bf16", "int8"])
+@pytest.mark.parametrize("dtype", ["float64", "fp32", "bf16", "int4"])
 def test_bad_dtype(dtype, ckpt_dir):
     with pytest.raises(ValueError, match="dtype"):
         load_model(ckpt_dir / "never-read", dtype=dtype)
