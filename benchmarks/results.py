@@ -50,7 +50,7 @@ DRAFTERS = {"spec-ngram-kauto": "prompt lookup", "spec-store-kauto": "prompt loo
 MACHINES = ROOT / "benchmarks" / "machines.json"
 
 
-SERVING = ["--concurrency", "1,4,16", "--max-tokens", "96", "--ignore-eos", "--trials", "2", "--prompts", PROMPTS]
+SERVING = ["--concurrency", "1,4,16", "--max-tokens", "96", "--ignore-eos", "--trials", "3", "--prompts", PROMPTS]
 POISSON = ["--concurrency", "1,4,16", "--request-rate", "4", "--max-tokens", "96", "--ignore-eos", "--trials", "2",
            "--prompts", PROMPTS]
 
