@@ -145,7 +145,7 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                    "default for a model only it runs, such as gemma-3-270m)")
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16", "int8"], default=None,
                    help="default: bfloat16 where the CPU has native bf16, else float32; int8: weights as int8 with a "
-                   "scale per row, computed in bf16 (half the bytes a token reads; a Q8_0 file on llama.cpp)")
+                   "bf16 scale per 32, computed in bf16 (half the bytes a token reads; a Q8_0 file on llama.cpp)")
     p.add_argument("--device", default="cpu")
 
 
