@@ -145,6 +145,14 @@ def test_int8_weights_compute_exactly_as_their_widened_bf16_weights(shape, tiny,
         out[name + " cache"] = m.cache.k.clone(), m.cache.v.clone()
     assert torch.equal(out["int8"], out["wide"])
     assert all(torch.equal(a, b) for a, b in zip(out["int8 cache"], out["wide cache"]))
+    kernel.use(None)  # and on the torch path
+    try:
+        for name, m in (("int8", model), ("wide", wide)):
+            m.reset(len(ids))
+            out[name] = m.forward(ids)
+    finally:
+        kernel.use(lib)
+    assert torch.equal(out["int8"], out["wide"])
 
 
 @pytest.mark.skipif(not has_avx2(), reason="no AVX2 on this CPU")
