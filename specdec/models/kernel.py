@@ -214,7 +214,8 @@ def prepare(module, cache, head_rows: torch.Tensor | None) -> tuple[Plan, torch.
     shape arguments (kept in the plan)."""
     plan = plan_for(module)
     head, head_scale = (plan.head, plan.head_scale) if head_rows is None else (head_rows, None)
-    if head_scale is None and head.dtype != torch.bfloat16 or not head.is_contiguous() or cache.k.dtype != torch.bfloat16:
+    bf16_rows = head_scale is None
+    if (bf16_rows and head.dtype != torch.bfloat16) or not head.is_contiguous() or cache.k.dtype != torch.bfloat16:
         raise ValueError("the kernel runs on contiguous bf16 (or scaled int8) head rows and a bf16 cache")
     key = (cache.capacity, head.shape[0], cache.batch)
     cfg = plan.cfgs.get(key)

@@ -270,13 +270,7 @@ def _load_native(name_or_path, dtype, device) -> LanguageModel:
         hf = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch_dtype, use_safetensors=True,
                                                   trust_remote_code=False).to(device)
         return HFAdapter(hf, tokenizer=tokenizer, name=name)
-    if torch_dtype == torch.int8:
-        module = quantize_int8(build_llama(cfg, files, torch.bfloat16, device))
-        if torch.device(device).type == "cpu":  # one mapping on 2 MB pages again, without the bf16 copies
-            module.load_state_dict(to_huge_pages(module.state_dict()), assign=True)
-    else:
-        module = build_llama(cfg, files, torch_dtype, device)
-    lm = NativeLM(module, tokenizer=tokenizer, name=name,
+    lm = NativeLM(build_llama(cfg, files, torch_dtype, device), tokenizer=tokenizer, name=name,
                   eos_token_ids=_generation_eos(path, config, tokenizer))
     if (path / HEAD_TOKENS_FILE).exists():
         lm.head_tokens = json.loads((path / HEAD_TOKENS_FILE).read_text())["token_ids"]
@@ -352,8 +346,11 @@ def _gguf_tokenizer(path: Path, saved: Path | None = None):
 
 
 def build_llama(cfg: LlamaConfig, files, dtype, device) -> Llama:
+    """The checkpoint as our Llama in `dtype`; torch.int8: read in bf16, then quantized
+    (llama.quantize_int8). CPU weights end on 2 MB pages (pages.py)."""
     from safetensors.torch import load_file
 
+    int8, paged = dtype == torch.int8, torch.device(device).type == "cpu"
     with torch.device("meta"):
         module = Llama(cfg)
     state = {}
@@ -361,8 +358,8 @@ def build_llama(cfg: LlamaConfig, files, dtype, device) -> Llama:
         state.update(load_file(str(f), device=str(device)))
     if cfg.tie_word_embeddings:
         state.pop("lm_head.weight", None)
-    state = {k: v.to(dtype) for k, v in state.items()}
-    if torch.device(device).type == "cpu":
+    state = {k: v.to(torch.bfloat16 if int8 else dtype) for k, v in state.items()}
+    if paged and not int8:  # int8 weights are paged once quantized, below
         state = to_huge_pages(state)
     missing, unexpected = module.load_state_dict(state, strict=False, assign=True)
     missing = [k for k in missing if not (cfg.tie_word_embeddings and k == "lm_head.weight")]
@@ -371,6 +368,10 @@ def build_llama(cfg: LlamaConfig, files, dtype, device) -> Llama:
                          f"missing {missing[:3]}, unexpected {unexpected[:3]}")
     if cfg.tie_word_embeddings:
         module.lm_head.weight = module.model.embed_tokens.weight
+    if int8:  # the head gets its own int8 copy, so nothing is tied after this
+        quantize_int8(module)
+        if paged:
+            module.load_state_dict(to_huge_pages(module.state_dict()), assign=True)
     # The rotary buffer was built on the meta device; compute it for real.
     module.inv_freq = rope_inv_freq(cfg).to(device)
     return module.eval()
