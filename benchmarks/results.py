@@ -319,6 +319,15 @@ def serving_table(closed: dict, poisson: dict) -> list[str]:
     return lines
 
 
+def serving_sent(closed: dict) -> str:
+    """What each closed-loop trial sent, per level, from the report."""
+    s, trials = closed["serving"], int(SERVING[SERVING.index("--trials") + 1])
+    sent = [(level, next(iter(by.values()))["requests"] // trials) for level, by in s["levels"].items()]
+    return (f"Each request is one of the {len(s['prompts'])} prompts' first turns, 96 new tokens; a closed-loop "
+            f"trial sends {', '.join(f'{n} requests at {level} in flight' for level, n in sent)} (the prompts go "
+            "round until there are 3 per place in flight, so that the start and the drain stay short).")
+
+
 def serving_bars(closed: dict, poisson: dict) -> list[str]:
     """The three figures #49 asks for, from the closed loop (and the Poisson run for the second),
     for the bf16 servers and the int8 ones."""
@@ -393,7 +402,7 @@ def render(reports: dict, out: Path) -> None:
         "## Serving", "",
         "`specdec serve` against llama-server on the same model, each server started on 127.0.0.1 by the "
         f"script and benchmarked in turn: `specdec bench --endpoint ... {' '.join(SERVING)}`, then "
-        f"`{' '.join(POISSON)}`. Each run serves the 26 prompts' first turns, 96 new tokens each.", "",
+        f"`{' '.join(POISSON)}`. {serving_sent(reports['serving'])}", "",
         *serving_bars(reports["serving"], reports["poisson"]), "",
         "![Throughput and TPOT against requests in flight](img/serving_load.png)", "",
         *serving_table(reports["serving"], reports["poisson"]), "",

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from specdec.bench.serving import parse_endpoint, parse_metrics, speculation_from_counters
+from specdec.bench.serving import WAVES, parse_endpoint, parse_metrics, repeats, speculation_from_counters, tag
 
 from test_cli import run
 from tiny import needs_model
@@ -117,9 +117,9 @@ def test_three_deployments_compared_under_load(servers, tmp_path, capsys):
     s = json.loads((tmp_path / "out" / "report.json").read_text())["serving"]
     assert [e["kind"] for e in s["endpoints"]] == ["llama.cpp"] * 3
     assert set(s["levels"]) == {"1", "2"}
-    for level in s["levels"].values():
-        for name, v in level.items():
-            assert v["errors"] == [] and v["requests"] == 2 * len(PROMPTS)
+    for key, level in s["levels"].items():
+        for name, v in level.items():  # at 2 in flight the 4 prompts go round twice: 3 requests per place
+            assert v["errors"] == [] and v["requests"] == 2 * len(PROMPTS) * (2 if key == "2" else 1)
             assert v["cached_tokens"] == 0  # cache_prompt: false, and trial-tagged prompts
             assert 0 < v["ttft"]["p50"] < v["seconds"]["p50"] and v["tpot"]["p50"] > 0
             assert v["throughput_tokens_per_s"] > 0
@@ -142,6 +142,15 @@ def test_three_deployments_compared_under_load(servers, tmp_path, capsys):
     md = (tmp_path / "out" / "report.md").read_text()
     assert "## Serving endpoints" in md and "## Per concurrency level" in md and "![serving_load]" in md
     assert "spec over plain" in out
+
+
+def test_a_closed_loop_sends_three_requests_per_place_in_flight_each_distinct():
+    for level, prompts in ((1, 26), (4, 26), (16, 26), (16, 48), (16, 5), (64, 26)):
+        n = repeats(level, prompts, None)
+        assert n * prompts >= (WAVES * level if level > 1 else prompts) and (n - 1) * prompts < max(WAVES * level, prompts)
+    assert repeats(16, 26, 4.0) == 1  # a Poisson trial is paced by its arrivals: each prompt once
+    tags = [tag(trial, rep) for trial in range(3) for rep in range(4)]
+    assert len(set(tags)) == len(tags) and tags[0] == ""
 
 
 @needs_server

@@ -4,8 +4,10 @@
 OpenAI-compatible `/v1/chat/completions` endpoint with `stream: true` and
 `stream_options.include_usage`, the same max_tokens, temperature and seed, and timestamps
 every streamed chunk as it arrives (httpx, asynchronously). Requests come in a closed loop
-(each level's all sent at once, `level` in flight) or, with a request rate, as a Poisson
-process, at most `level` in flight, at the same times for every endpoint.
+(all sent at once, `level` in flight, the prompts going round until a trial has at least
+3 x `level` requests, so that the ramp and the drain do not make most of the run) or, with a
+request rate, as a Poisson process, at most `level` in flight, at the same times for every
+endpoint.
 
 Per request: TTFT (first content chunk); TPOT = (end - TTFT) / (completion_tokens - 1), with
 completion_tokens from `usage`; inter-chunk latency, kept apart from TPOT (vLLM and SGLang
@@ -232,15 +234,16 @@ async def _run(endpoints, prompts, cfg, log, progress: bool) -> dict:
         for c in clients:  # warm-up: outside the counters' window and the timings
             await c.complete([{"role": "user", "content": "Hello."}], min(cfg.max_tokens, 8), cfg.temperature, 0, False)
         levels, records = {}, []
-        bar = tqdm(total=len(cfg.concurrency) * cfg.trials * len(prompts) * len(clients), desc="bench (endpoints)",
+        sent = sum(repeats(level, len(prompts), cfg.request_rate) for level in cfg.concurrency) * len(prompts)
+        bar = tqdm(total=sent * cfg.trials * len(clients), desc="bench (endpoints)",
                    unit="request", disable=not progress)
         for level in cfg.concurrency:
             results = {c.ep.name: [] for c in clients}
             walls = {c.ep.name: 0.0 for c in clients}
             before = {c.ep.name: await c.metrics() for c in clients}
             for trial in range(cfg.trials):
-                tagged = [[{"role": "user", "content": (f"(request {trial}) " if trial else "") + p.turns[0]}]
-                          for p in prompts]
+                tagged = [[{"role": "user", "content": tag(trial, rep) + p.turns[0]}]
+                          for rep in range(repeats(level, len(prompts), cfg.request_rate)) for p in prompts]
                 if level == 1 and not cfg.request_rate:  # interleaved per prompt, in balanced orders
                     for i, messages in enumerate(tagged):
                         for c in interleaved_order(clients, trial * len(tagged) + i):
@@ -258,7 +261,7 @@ async def _run(endpoints, prompts, cfg, log, progress: bool) -> dict:
                             async with gate:
                                 r = await c.complete(messages, **sp)
                             bar.update()
-                            return r | {"prompt": prompts[i].id, "trial": trial}
+                            return r | {"prompt": prompts[i % len(prompts)].id, "trial": trial}
                         results[c.ep.name] += await asyncio.gather(*(one(i, m) for i, m in enumerate(tagged)))
                         walls[c.ep.name] += time.perf_counter() - t0
             after = {c.ep.name: await c.metrics() for c in clients}
@@ -276,6 +279,26 @@ async def _run(endpoints, prompts, cfg, log, progress: bool) -> dict:
                                   {p.id: p.category for p in prompts}),
                 "records": records,
                 "prompts": [p.id for p in prompts]}
+
+
+WAVES = 3  # a closed loop at c in flight sends at least WAVES * c requests a trial
+
+
+def repeats(level: int, prompts: int, rate: float | None) -> int:
+    """How many times a trial sends each prompt at `level` in flight. A closed loop starts all
+    its requests at once and drains at the end, with fewer than `level` in flight; with as many
+    requests as prompts at 16 in flight (26 prompts) that ramp and drain were most of the run,
+    and a server whose rows finish apart (speculation) drained longer than one whose rows run in
+    lock-step. So the prompts go round until the trial has WAVES * level requests, as vLLM's
+    benchmark sends many more prompts than its concurrency. A Poisson trial is paced by its
+    arrivals and sends each prompt once."""
+    return 1 if rate or level == 1 else -(-WAVES * level // prompts)
+
+
+def tag(trial: int, rep: int) -> str:
+    """The text in front of a prompt that makes each trial's and each round's requests
+    distinct, so that no prompt cache serves a repeat."""
+    return "" if trial == rep == 0 else f"(request {trial}) " if rep == 0 else f"(request {trial}.{rep}) "
 
 
 def poisson_arrivals(n: int, rate: float | None, seed: int) -> list[float]:
