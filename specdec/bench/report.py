@@ -426,6 +426,7 @@ def _serving_rows(report: dict) -> list[list[str]]:
             rt = v.get("response_timings") or {}
             acc = spec.get("acceptance_rate", rt.get("acceptance_rate"))
             rows.append([level, e["name"], _fmt(v.get("throughput_tokens_per_s"), ".1f"),
+                         " / ".join(_fmt(x, ".0f") for x in v.get("trial_throughputs") or []) or DASH,
                          _ms(_get(v, "ttft", "p50")), _ms(_get(v, "ttft", "p90")), _ms(_get(v, "tpot", "p50")),
                          _ms(_get(v, "tpot", "p90")), _ms(_get(v, "itl", "p50")), _ms(_get(v, "seconds", "p50")),
                          _ms(_get(v, "seconds", "p90")), _fmt(acc, ".3f") if _num(acc) is not None else "n/a",
@@ -434,7 +435,7 @@ def _serving_rows(report: dict) -> list[list[str]]:
     return rows
 
 
-SERVING_HEADER = ["concurrency", "endpoint", "tok/s (all requests)", "TTFT p50 ms", "p90", "TPOT p50 ms", "p90",
+SERVING_HEADER = ["concurrency", "endpoint", "tok/s (all requests)", "tok/s by trial", "TTFT p50 ms", "p90", "TPOT p50 ms", "p90",
                   "inter-chunk p50 ms", "end-to-end p50 ms", "p90", "acceptance", "mean acceptance length",
                   "errors"]
 
@@ -453,7 +454,8 @@ def _md_serving(report: dict) -> list[str]:
             ["endpoint"] + cats, [[name] + [_speedup(_get(p, "categories", c)) for c in cats]
                                   for name, p in s["paired"].items()])
     lines += ["## Per concurrency level", ""] + _table(SERVING_HEADER, _serving_rows(report))
-    lines += ["- TTFT: time to the first content chunk. **TPOT**: (end − TTFT) / (completion_tokens − 1), "
+    lines += ["- **tok/s by trial**: each trial's throughput, the endpoints' trials run back to back: how far "
+              "the machine moved between them. TTFT: time to the first content chunk. **TPOT**: (end − TTFT) / (completion_tokens − 1), "
               "completion_tokens from the stream's `usage`. **Inter-chunk**: time between content chunks, kept "
               "apart from TPOT: vLLM and SGLang send a verification step's tokens as one chunk, llama-server one "
               "chunk per token. **acceptance**, **mean acceptance length** (1 + accepted / drafts): from the "

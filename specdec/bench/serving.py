@@ -199,12 +199,18 @@ def _pct(values, q):
     return float(np.percentile(v, q)) if v else math.nan
 
 
-def summarize_level(results: list[dict], wall: float, spec: dict | None) -> dict:
+def summarize_level(results: list[dict], walls: list[float], spec: dict | None) -> dict:
+    """One endpoint at one level; walls[t]: trial t's seconds. Throughput is over all trials, and
+    per trial too, so that a comparison of two endpoints can pair their trials (run back to back)
+    and show how far it moved between them."""
     ok = [r for r in results if r["error"] is None]
+    wall = sum(walls)
     itl = [x for r in ok for x in r["itl"]]
     drafted = [r["timings"].get("draft_n") for r in ok if r.get("timings") and "draft_n" in r["timings"]]
     out = {"requests": len(results), "errors": [r["error"] for r in results if r["error"]],
            "throughput_tokens_per_s": sum(r["tokens"] for r in ok) / wall if wall else math.nan,
+           "trial_throughputs": [sum(r["tokens"] for r in ok if r["trial"] == t) / w if w else math.nan
+                                 for t, w in enumerate(walls)],
            "cached_tokens": sum(r["cached_tokens"] for r in ok), "speculation": spec}
     for key in ("ttft", "tpot", "seconds", "tokens_per_s"):
         out[key] = {"p50": _pct([r[key] for r in ok], 50), "p90": _pct([r[key] for r in ok], 90),
@@ -239,7 +245,7 @@ async def _run(endpoints, prompts, cfg, log, progress: bool) -> dict:
                    unit="request", disable=not progress)
         for level in cfg.concurrency:
             results = {c.ep.name: [] for c in clients}
-            walls = {c.ep.name: 0.0 for c in clients}
+            walls = {c.ep.name: [0.0] * cfg.trials for c in clients}
             before = {c.ep.name: await c.metrics() for c in clients}
             for trial in range(cfg.trials):
                 tagged = [[{"role": "user", "content": tag(trial, rep) + p.turns[0]}]
@@ -249,7 +255,7 @@ async def _run(endpoints, prompts, cfg, log, progress: bool) -> dict:
                         for c in interleaved_order(clients, trial * len(tagged) + i):
                             r = await c.complete(messages, **sp)
                             results[c.ep.name].append(r | {"prompt": prompts[i].id, "trial": trial})
-                            walls[c.ep.name] += r["seconds"]
+                            walls[c.ep.name][trial] += r["seconds"]
                             bar.update()
                 else:  # each endpoint under `level` requests in flight, in a balanced order per trial
                     arrivals = poisson_arrivals(len(tagged), cfg.request_rate, seed=trial)
@@ -263,7 +269,7 @@ async def _run(endpoints, prompts, cfg, log, progress: bool) -> dict:
                             bar.update()
                             return r | {"prompt": prompts[i % len(prompts)].id, "trial": trial}
                         results[c.ep.name] += await asyncio.gather(*(one(i, m) for i, m in enumerate(tagged)))
-                        walls[c.ep.name] += time.perf_counter() - t0
+                        walls[c.ep.name][trial] += time.perf_counter() - t0
             after = {c.ep.name: await c.metrics() for c in clients}
             levels[str(level)] = {c.ep.name: summarize_level(results[c.ep.name], walls[c.ep.name],
                                                              speculation_from_counters(before[c.ep.name],
