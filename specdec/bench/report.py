@@ -435,9 +435,9 @@ def _serving_rows(report: dict) -> list[list[str]]:
     return rows
 
 
-SERVING_HEADER = ["concurrency", "endpoint", "tok/s (all requests)", "tok/s by trial", "TTFT p50 ms", "p90", "TPOT p50 ms", "p90",
-                  "inter-chunk p50 ms", "end-to-end p50 ms", "p90", "acceptance", "mean acceptance length",
-                  "errors"]
+SERVING_HEADER = ["concurrency", "endpoint", "tok/s (all requests)", "tok/s by trial", "TTFT p50 ms", "p90",
+                  "TPOT p50 ms", "p90", "inter-chunk p50 ms", "end-to-end p50 ms", "p90", "acceptance",
+                  "mean acceptance length", "errors"]
 
 
 def _md_serving(report: dict) -> list[str]:
@@ -454,8 +454,9 @@ def _md_serving(report: dict) -> list[str]:
             ["endpoint"] + cats, [[name] + [_speedup(_get(p, "categories", c)) for c in cats]
                                   for name, p in s["paired"].items()])
     lines += ["## Per concurrency level", ""] + _table(SERVING_HEADER, _serving_rows(report))
-    lines += ["- **tok/s by trial**: each trial's throughput, the endpoints' trials run back to back: how far "
-              "the machine moved between them. TTFT: time to the first content chunk. **TPOT**: (end − TTFT) / (completion_tokens − 1), "
+    lines += ["- **tok/s by trial**: each trial's throughput; the endpoints' trials run back to back, so the "
+              "spread says how far the machine moved between them. TTFT: time to the first content chunk. "
+              "**TPOT**: (end − TTFT) / (completion_tokens − 1), "
               "completion_tokens from the stream's `usage`. **Inter-chunk**: time between content chunks, kept "
               "apart from TPOT: vLLM and SGLang send a verification step's tokens as one chunk, llama-server one "
               "chunk per token. **acceptance**, **mean acceptance length** (1 + accepted / drafts): from the "
