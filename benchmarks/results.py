@@ -32,6 +32,7 @@ import urllib.request
 from contextlib import contextmanager
 from pathlib import Path
 
+from specdec.bench.serving import WAVES
 from specdec.bench.stats import summarize_ratios
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -346,7 +347,7 @@ def serving_sent(closed: dict) -> str:
     sent = [(level, next(iter(by.values()))["requests"] // trials) for level, by in s["levels"].items()]
     return (f"Each request is one of the {len(s['prompts'])} prompts' first turns, 96 new tokens; a closed-loop "
             f"trial sends {', '.join(f'{n} requests at {level} in flight' for level, n in sent)} (the prompts go "
-            "round until there are 3 per place in flight, so that the start and the drain stay short).")
+            f"round until there are {WAVES} per place in flight, so that the start and the drain stay short).")
 
 
 def serving_bars(closed: dict, poisson: dict) -> list[str]:

@@ -247,14 +247,15 @@ async def _run(endpoints, prompts, cfg, log, progress: bool) -> dict:
             results = {c.ep.name: [] for c in clients}
             walls = {c.ep.name: [0.0] * cfg.trials for c in clients}
             before = {c.ep.name: await c.metrics() for c in clients}
+            rounds = repeats(level, len(prompts), cfg.request_rate)
             for trial in range(cfg.trials):
-                tagged = [[{"role": "user", "content": tag(trial, rep) + p.turns[0]}]
-                          for rep in range(repeats(level, len(prompts), cfg.request_rate)) for p in prompts]
+                tagged = [(p.id, [{"role": "user", "content": tag(trial, rep) + p.turns[0]}])
+                          for rep in range(rounds) for p in prompts]
                 if level == 1 and not cfg.request_rate:  # interleaved per prompt, in balanced orders
-                    for i, messages in enumerate(tagged):
+                    for i, (pid, messages) in enumerate(tagged):
                         for c in interleaved_order(clients, trial * len(tagged) + i):
                             r = await c.complete(messages, **sp)
-                            results[c.ep.name].append(r | {"prompt": prompts[i].id, "trial": trial})
+                            results[c.ep.name].append(r | {"prompt": pid, "trial": trial})
                             walls[c.ep.name][trial] += r["seconds"]
                             bar.update()
                 else:  # each endpoint under `level` requests in flight, in a balanced order per trial
@@ -262,13 +263,13 @@ async def _run(endpoints, prompts, cfg, log, progress: bool) -> dict:
                     for c in interleaved_order(clients, trial):
                         gate, t0 = asyncio.Semaphore(level), time.perf_counter()
 
-                        async def one(i, messages, c=c, gate=gate, t0=t0):
+                        async def one(i, pid, messages, c=c, gate=gate, t0=t0):
                             await asyncio.sleep(max(0.0, t0 + arrivals[i] - time.perf_counter()))
                             async with gate:
                                 r = await c.complete(messages, **sp)
                             bar.update()
-                            return r | {"prompt": prompts[i % len(prompts)].id, "trial": trial}
-                        results[c.ep.name] += await asyncio.gather(*(one(i, m) for i, m in enumerate(tagged)))
+                            return r | {"prompt": pid, "trial": trial}
+                        results[c.ep.name] += await asyncio.gather(*(one(i, *t) for i, t in enumerate(tagged)))
                         walls[c.ep.name][trial] += time.perf_counter() - t0
             after = {c.ep.name: await c.metrics() for c in clients}
             levels[str(level)] = {c.ep.name: summarize_level(results[c.ep.name], walls[c.ep.name],
