@@ -277,21 +277,24 @@ class AdaptiveK:
         curves = [[max(tokens[n][k] for n in names) for k in range(self.k_max + 1)] if names else [1.0]
                   for names, _ in groups]
 
-        def rate_of(ks):
-            got = sum(w * c[k] for (_, w), c, k in zip(groups, curves, ks))
-            return got / (max(ks, default=0) * cap + self.pass_time(rows + sum(w * k for (_, w), k in zip(groups, ks))))
+        def rate_of(got, drafts, deepest):  # expected tokens, drafts in all, the deepest row's k
+            return got / (deepest * cap + self.pass_time(rows + drafts))
 
         if len(groups) == 1:  # every k, the one-token pass's own cost included
-            return max((rate_of([k]), [k]) for k in range(len(curves[0])))
+            (_, w), curve = groups[0], curves[0]
+            return max((rate_of(w * c, w * k, k), [k]) for k, c in enumerate(curve))
         more = sorted(((c[k + 1] - c[k], g, k) for g, c in enumerate(curves) for k in range(len(c) - 1)),
                       key=lambda m: -m[0])
         ks = [0] * len(groups)
-        best_rate, best = rate_of(ks), list(ks)
-        for gain, g, k in more:
+        got, drafts, deepest = sum(w * c[0] for (_, w), c in zip(groups, curves)), 0, 0
+        best_rate, best = rate_of(got, drafts, deepest), list(ks)
+        for gain, g, k in more:  # each plan is the last one plus a draft for one group: kept as running sums
             if ks[g] != k or gain <= 0:
                 continue
             ks[g] += 1
-            if (rate := rate_of(ks)) > best_rate:
+            w = groups[g][1]
+            got, drafts, deepest = got + w * gain, drafts + w, max(deepest, ks[g])
+            if (rate := rate_of(got, drafts, deepest)) > best_rate:
                 best_rate, best = rate, list(ks)
         return best_rate, best
 
