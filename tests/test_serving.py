@@ -140,9 +140,35 @@ def test_three_deployments_compared_under_load(servers, tmp_path, capsys):
     assert all(len(r["itl"]) == r["tokens"] - 1 for r in records)
     assert s["paired"]["spec"]["speedup"]["n"] == len(PROMPTS) and set(s["paired"]["ngram"]["categories"]) == {
         "qa", "summarization", "coding", "rag"}
+    assert s["paired"]["spec"]["concurrency"] == 1
+    for level in s["levels"].values():  # each against the first, trial by trial
+        assert "vs_baseline" not in level["plain"]
+        for name in ("ngram", "spec"):
+            vs, mine, base = level[name]["vs_baseline"], level[name], level["plain"]
+            assert vs["baseline"] == "plain"
+            assert vs["throughput"] == pytest.approx(mine["throughput_tokens_per_s"] / base["throughput_tokens_per_s"])
+            assert vs["trials"] == pytest.approx([a / b for a, b in zip(mine["trial_throughputs"],
+                                                                        base["trial_throughputs"])])
     md = (tmp_path / "out" / "report.md").read_text()
     assert "## Serving endpoints" in md and "## Per concurrency level" in md and "![serving_load]" in md
-    assert "spec over plain" in out
+    assert "spec over plain at 1 in flight, time per token paired per prompt" in out
+    assert "spec over plain at 2 in flight, throughput: " in out and "(trials " in out
+
+
+@needs_model
+@needs_server
+def test_under_load_prompts_are_not_paired_as_if_independent(servers, tmp_path, capsys):
+    """At 2 in flight a request's speed is its trial's: the comparison is the trials' throughput
+    ratios, with no interval over prompts."""
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps(r) + "\n" for r in PROMPTS[:2]))
+    rc, out, err = run(capsys, "bench", "--endpoint", f"plain={servers['plain']}", "--endpoint",
+                       f"ngram={servers['ngram']}", "--prompts", prompts, "--max-tokens", 4, "--trials", 2,
+                       "--concurrency", 2, "--out", tmp_path / "out")
+    assert rc == 0, err
+    s = json.loads((tmp_path / "out" / "report.json").read_text())["serving"]
+    assert s["paired"] == {} and len(s["levels"]["2"]["ngram"]["vs_baseline"]["trials"]) == 2
+    assert "per prompt" not in out and "ngram over plain at 2 in flight, throughput: " in out
 
 
 def test_a_closed_loop_sends_three_requests_per_place_in_flight_each_distinct():

@@ -440,14 +440,30 @@ SERVING_HEADER = ["concurrency", "endpoint", "tok/s (all requests)", "tok/s by t
                   "mean acceptance length", "errors"]
 
 
+def _serving_comparisons(report: dict) -> list[str]:
+    """Each endpoint against the first: per prompt at 1 in flight, where each prompt went to
+    them in turn; per level, throughput with the range of the trials' own ratios (serving.py)."""
+    s, lines = report["serving"], []
+    for name, p in s["paired"].items():
+        lines.append(f"{name} over {p['baseline']} at {p['concurrency']} in flight, time per token paired per "
+                     f"prompt: {_speedup(p['speedup'])}")
+    for level, by in s["levels"].items():
+        for name, v in by.items():
+            if "vs_baseline" not in v:
+                continue
+            vs, trials = v["vs_baseline"], [t for t in map(_num, v["vs_baseline"]["trials"]) if t is not None]
+            spread = f" (trials {min(trials):.2f}-{max(trials):.2f})" if len(trials) > 1 else ""
+            lines.append(f"{name} over {vs['baseline']} at {level} in flight, throughput: "
+                         f"{_fmt(vs['throughput'], '.2f', 'x')}{spread}")
+    return lines
+
+
 def _md_serving(report: dict) -> list[str]:
     s = report["serving"]
     lines = ["## Serving endpoints", "", f"Arrivals: {s.get('arrivals', 'closed loop')}.", ""] + _table(
         ["endpoint", "URL", "model", "server"], [[e["name"], e["url"], e["model"] or DASH, e["kind"]]
                                                   for e in s["endpoints"]])
-    for name, p in s["paired"].items():
-        lines.append(f"- **{name}** over **{p['baseline']}** at concurrency {p['concurrency']}, end-to-end time per "
-                     f"token paired per prompt: {_speedup(p['speedup'])}")
+    lines += [""] + [f"- {line}" for line in _serving_comparisons(report)] + [""]
     if s["paired"]:
         cats = sorted({c for p in s["paired"].values() for c in p.get("categories", {})})
         lines += ["", "By category (the same ratio):", ""] + _table(
@@ -670,9 +686,7 @@ def print_summary(report: dict, file=None) -> None:
         keep = [0, 1, 2, 3, 5, 7, 8, 10, 12]
         _print_table([SERVING_HEADER[i] for i in keep], [[r[i] for i in keep] for r in _serving_rows(report)],
                      report, file)
-        for name, p in report["serving"]["paired"].items():
-            print(f"{name} over {p['baseline']} (concurrency {p['concurrency']}, per prompt): "
-                  f"{_speedup(p['speedup'])}", file=file)
+        print("\n".join(_serving_comparisons(report)), file=file)
         return
     if "batched" in report:
         header = BATCH_HEADER[:5] + ["acceptance", "drafts/row/step"]

@@ -13,6 +13,9 @@ Per request: TTFT (first content chunk); TPOT = (end - TTFT) / (completion_token
 completion_tokens from `usage`; inter-chunk latency, kept apart from TPOT (vLLM and SGLang
 put a whole verification step's tokens in one chunk, llama-server sends one per token, so a
 chunk is a step there and a token here); end-to-end latency; output tokens per second.
+Against the first endpoint: per level, throughput over its throughput, with each trial's own
+ratio (trials run in balanced orders, so trial t of each ran close in time); at 1 in flight in a
+closed loop, where each prompt goes to every endpoint in turn, time per token paired per prompt.
 
 Speculation counters come from the server, as deltas of its Prometheus counters around each
 endpoint's timed requests (warm-up excluded): vLLM's `vllm:spec_decode_*`, llama-server's
@@ -272,18 +275,21 @@ async def _run(endpoints, prompts, cfg, log, progress: bool) -> dict:
                         results[c.ep.name] += await asyncio.gather(*(one(i, *t) for i, t in enumerate(tagged)))
                         walls[c.ep.name][trial] += time.perf_counter() - t0
             after = {c.ep.name: await c.metrics() for c in clients}
-            levels[str(level)] = {c.ep.name: summarize_level(results[c.ep.name], walls[c.ep.name],
-                                                             speculation_from_counters(before[c.ep.name],
-                                                                                       after[c.ep.name]))
-                                  for c in clients}
+            levels[str(level)] = over_baseline({c.ep.name: summarize_level(results[c.ep.name], walls[c.ep.name],
+                                                                          speculation_from_counters(before[c.ep.name],
+                                                                                                    after[c.ep.name]))
+                                                for c in clients})
             records += [{k: v for k, v in r.items() if k != "chunks"} | {"endpoint": name, "concurrency": level}
                         for name, rs in results.items() for r in rs]
         bar.close()
         return {"arrivals": f"Poisson, {cfg.request_rate:g} requests/s" if cfg.request_rate else "closed loop",
                 "endpoints": [{"name": c.ep.name, "url": c.ep.url, "model": c.ep.model, "kind": c.kind}
                               for c in clients],
-                "levels": levels, "paired": paired(records, [c.ep.name for c in clients], min(cfg.concurrency),
-                                  {p.id: p.category for p in prompts}),
+                # Per prompt only where each prompt's requests went to the endpoints one after another:
+                # under load a request's speed is its trial's, so prompts are no longer independent units.
+                "levels": levels, "paired": paired(records, [c.ep.name for c in clients], 1,
+                                                   {p.id: p.category for p in prompts})
+                if 1 in cfg.concurrency and not cfg.request_rate else {},
                 "records": records,
                 "prompts": [p.id for p in prompts]}
 
@@ -317,10 +323,27 @@ def poisson_arrivals(n: int, rate: float | None, seed: int) -> list[float]:
     return [0.0] + np.cumsum(gaps).tolist()
 
 
+def over_baseline(level: dict[str, dict]) -> dict[str, dict]:
+    """One level's entries (endpoint -> summarize_level), the first the baseline: each other gets
+    `vs_baseline`, its throughput over the baseline's, over all trials and trial by trial (each
+    endpoint's trial t ran beside the baseline's trial t). Their spread is the interval: a
+    busy neighbour moves a whole trial, so two runs' ratios differ by more than a bootstrap over
+    the prompts of one run would say."""
+    def ratio(x, y):  # nan where the baseline made nothing (every request failed)
+        return x / y if y else math.nan
+
+    (base, b), *others = level.items()
+    for name, v in others:
+        v["vs_baseline"] = {"baseline": base, "throughput": ratio(v["throughput_tokens_per_s"],
+                                                                  b["throughput_tokens_per_s"]),
+                            "trials": [ratio(x, y) for x, y in zip(v["trial_throughputs"], b["trial_throughputs"])]}
+    return level
+
+
 def paired(records: list[dict], names: list[str], level: int, categories: dict[str, str]) -> dict:
-    """At the lowest concurrency, per prompt: the first endpoint's end-to-end time per token
-    over each other's (median over trials), geometric mean with a bootstrap CI over prompts,
-    overall and per category."""
+    """At `level` in flight, per prompt: the first endpoint's end-to-end time per token over
+    each other's (median over trials), geometric mean with a bootstrap CI over prompts, overall
+    and per category."""
     def per_prompt(name):
         by = {}
         for r in records:
