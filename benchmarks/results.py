@@ -32,7 +32,7 @@ import urllib.request
 from contextlib import contextmanager
 from pathlib import Path
 
-from specdec.bench.serving import WAVES
+from specdec.bench.serving import WAVES, throughput_ratio
 from specdec.bench.stats import summarize_ratios
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -359,10 +359,8 @@ def serving_bars(closed: dict, poisson: dict) -> list[str]:
     for server, weights in (("specdec", "bf16 weights (the default)"), ("specdec-int8", "int8 weights (`--dtype int8`)")):
         tpot = lv["1"][server]["tpot"]["p50"] / lv["1"]["llama-server-q8_0"]["tpot"]["p50"]
         def gain(by):  # over all trials, and the lowest and highest of the trials' own ratios
-            on, off = by[server], by[server + "-no-spec"]
-            trials = [a / b for a, b in zip(on["trial_throughputs"], off["trial_throughputs"])]
-            return (f"{on['throughput_tokens_per_s'] / off['throughput_tokens_per_s']:.2f}x "
-                    f"(trials {min(trials):.2f}-{max(trials):.2f})")
+            r = throughput_ratio(by[server], by[server + "-no-spec"])
+            return f"{r['throughput']:.2f}x (trials {min(r['trials']):.2f}-{max(r['trials']):.2f})"
         closed_gains, poisson_gains = ([f"{level} in flight {gain(by)}"
                                         for level, by in r["serving"]["levels"].items()] for r in (closed, poisson))
         lines += [f"- {weights}: one request at a time, the default's TPOT is {tpot:.2f}x llama-server's plain Q8_0 "

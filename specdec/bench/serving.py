@@ -282,14 +282,14 @@ async def _run(endpoints, prompts, cfg, log, progress: bool) -> dict:
             records += [{k: v for k, v in r.items() if k != "chunks"} | {"endpoint": name, "concurrency": level}
                         for name, rs in results.items() for r in rs]
         bar.close()
+        # Per prompt only where each prompt's requests went to the endpoints one after another:
+        # under load a request's speed is its trial's, so prompts are no longer independent units.
+        interleaved = 1 in cfg.concurrency and not cfg.request_rate
         return {"arrivals": f"Poisson, {cfg.request_rate:g} requests/s" if cfg.request_rate else "closed loop",
                 "endpoints": [{"name": c.ep.name, "url": c.ep.url, "model": c.ep.model, "kind": c.kind}
                               for c in clients],
-                # Per prompt only where each prompt's requests went to the endpoints one after another:
-                # under load a request's speed is its trial's, so prompts are no longer independent units.
                 "levels": levels, "paired": paired(records, [c.ep.name for c in clients], 1,
-                                                   {p.id: p.category for p in prompts})
-                if 1 in cfg.concurrency and not cfg.request_rate else {},
+                                                   {p.id: p.category for p in prompts}) if interleaved else {},
                 "records": records,
                 "prompts": [p.id for p in prompts]}
 
@@ -323,20 +323,24 @@ def poisson_arrivals(n: int, rate: float | None, seed: int) -> list[float]:
     return [0.0] + np.cumsum(gaps).tolist()
 
 
-def over_baseline(level: dict[str, dict]) -> dict[str, dict]:
-    """One level's entries (endpoint -> summarize_level), the first the baseline: each other gets
-    `vs_baseline`, its throughput over the baseline's, over all trials and trial by trial (each
-    endpoint's trial t ran beside the baseline's trial t). Their spread is the interval: a
-    busy neighbour moves a whole trial, so two runs' ratios differ by more than a bootstrap over
-    the prompts of one run would say."""
-    def ratio(x, y):  # nan where the baseline made nothing (every request failed)
+def throughput_ratio(mine: dict, base: dict) -> dict:
+    """Two endpoints' entries at one level (summarize_level): mine's throughput over base's, over
+    all trials and trial by trial (each endpoint's trial t ran beside the other's trial t). Their
+    spread is the interval: a busy neighbour moves a whole trial, so two runs' ratios differ by
+    more than a bootstrap over the prompts of one run would say. nan where base made nothing."""
+    def ratio(x, y):
         return x / y if y else math.nan
 
+    return {"throughput": ratio(mine["throughput_tokens_per_s"], base["throughput_tokens_per_s"]),
+            "trials": [ratio(x, y) for x, y in zip(mine["trial_throughputs"], base["trial_throughputs"])]}
+
+
+def over_baseline(level: dict[str, dict]) -> dict[str, dict]:
+    """One level's entries (endpoint -> summarize_level), the first the baseline: each other gets
+    `vs_baseline`, its throughput_ratio over the baseline."""
     (base, b), *others = level.items()
     for name, v in others:
-        v["vs_baseline"] = {"baseline": base, "throughput": ratio(v["throughput_tokens_per_s"],
-                                                                  b["throughput_tokens_per_s"]),
-                            "trials": [ratio(x, y) for x, y in zip(v["trial_throughputs"], b["trial_throughputs"])]}
+        v["vs_baseline"] = {"baseline": base, **throughput_ratio(v, b)}
     return level
 
 
