@@ -299,6 +299,13 @@ static void widen_rows(const int8_t* W, const bf16* scale, int R, int K, bf16* o
             const bf16* sc = scale + (size_t)r * (K / 32) + k / 32;
 #if defined(__AVX512BF16__)
             _mm512_storeu_si512((void*)(out + (size_t)r * K + k), (__m512i)bf16x32(q, sc));
+#elif defined(SPECDEC_FP32_INPUTS)  // AVX2: f32x8's bf16 values (low halves zero), packed to 16 bits
+            for (int h = 0; h < 32; h += 16) {
+                const __m256i lo = _mm256_srli_epi32(_mm256_castps_si256(f32x8(q + h, sc)), 16);
+                const __m256i hi = _mm256_srli_epi32(_mm256_castps_si256(f32x8(q + h + 8, sc)), 16);
+                const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(lo, hi), 0xD8);
+                _mm256_storeu_si256((__m256i*)(out + (size_t)r * K + k + h), packed);
+            }
 #else
             for (int l = 0; l < 32; l++) out[(size_t)r * K + k + l] = to_bf16((float)q[l] * f32(*sc));
 #endif
