@@ -1,8 +1,10 @@
 """Continuous batching: requests join and leave one running batch between steps.
 
 The target's cache holds `max_batch` sequences (slots), allocated once. A request waits in a
-bounded queue until a slot is free; its prompt is then read in chunks, a few hundred tokens
-a step, so that a long prompt does not stall the others; from then on every step drafts for
+bounded queue until a slot is free; its prompt is then read in chunks: up to PREFILL_CHUNK tokens
+a step while no row decodes, and while rows decode, as many as take about as long as their
+decode pass (from the prompt rate measured, at least PREFILL_MIN), so that a newcomer delays
+them by about a pass a step, not by a long prefill; from then on every step drafts for
 each running row and verifies all of them in one pass, as `speculative_generate` does for a
 static batch. A row that ends (EOS, max_tokens, cancelled) frees its slot at once: rolling
 its length back to 0 is all it takes.
@@ -31,7 +33,8 @@ from .request import Request, Stats, Timer
 from .sampling import choose, logprobs
 from .schedule import AdaptiveK, FixedCosts, LoadGate, as_schedule
 
-PREFILL_CHUNK = 512  # prompt tokens read per step, over all newcomers (a multiple of kernel.MAX_ROWS)
+PREFILL_CHUNK = 512  # the most prompt tokens read in one step, over all newcomers (a multiple of kernel.MAX_ROWS)
+PREFILL_MIN = 64  # the fewest while rows decode: a prompt moves on at any load (fewer cost more a token on a CPU)
 
 
 class QueueFull(Exception):
@@ -100,6 +103,8 @@ class Batcher:
         self.waiting: collections.deque[Job] = collections.deque()
         self.counters = Counters()
         self.closing = False
+        self.seconds_per_prompt_token: float | None = None  # measured, decayed
+        self.decode_seconds: float | None = None  # the last decode pass
         self._wake = threading.Condition()
         self._thread: threading.Thread | None = None
 
@@ -178,7 +183,7 @@ class Batcher:
     def step(self) -> None:
         """One step: admit newcomers, read a chunk of prompts, then draft and verify every running row."""
         self._admit()
-        self._read_prompts()
+        self._read_prompts(self._prompt_budget())
         live = [b for b, job in enumerate(self.slots) if job is not None and job.read == len(job.request.prompt_ids)]
         if live:
             self._decode(live)
@@ -196,10 +201,21 @@ class Batcher:
             if job is not None and job.cancelled:
                 self._end(b, job.cancelled)
 
-    def _read_prompts(self) -> None:
-        """Up to prefill_chunk prompt tokens, oldest request first; a row whose prompt is read
+    def _prompt_budget(self) -> int:
+        """Prompt tokens this step reads: prefill_chunk while no row decodes; otherwise about as
+        many as take as long as the last decode pass, at least PREFILL_MIN. Where rows are not
+        invariant (self.fixed), blocks must not depend on clocks: prefill_chunk always."""
+        decoding = any(job is not None and job.read == len(job.request.prompt_ids) for job in self.slots)
+        if self.fixed is not None or not decoding or self.seconds_per_prompt_token is None \
+                or self.decode_seconds is None:
+            return self.prefill_chunk
+        fits = int(self.decode_seconds / self.seconds_per_prompt_token)
+        return max(min(fits, self.prefill_chunk), min(PREFILL_MIN, self.prefill_chunk))
+
+    def _read_prompts(self, budget: int) -> None:
+        """Up to `budget` prompt tokens, oldest request first; a row whose prompt is read
         chooses its first token from the last position, as generate's prefill does."""
-        budget, blocks = self.prefill_chunk, [[] for _ in self.slots]
+        blocks = [[] for _ in self.slots]
         for b in sorted((b for b, j in enumerate(self.slots) if j and j.read < len(j.request.prompt_ids)),
                         key=lambda b: self.slots[b].started):
             job = self.slots[b]
@@ -211,8 +227,12 @@ class Batcher:
         if not rows:
             return
         scored = [b for b in rows if self.slots[b].prompt_logprobs is not None]  # their prompt's logprobs
-        with Timer([self.slots[b].request.stats for b in rows], self.model.device)("prefill"):
+        timer = Timer([self.slots[b].request.stats for b in rows], self.model.device)
+        with timer("prefill"):
             logits = self.rows.forward(blocks, last_only=not scored)
+        rate = timer.elapsed["prefill"] / sum(map(len, blocks))
+        old = self.seconds_per_prompt_token
+        self.seconds_per_prompt_token = rate if old is None else 0.5 * old + 0.5 * rate
         for b in rows:
             job = self.slots[b]
             if b in scored:  # row j scores the prompt token after it
@@ -233,8 +253,9 @@ class Batcher:
         drafting = asking if asking and (self.gate is None or self.gate.drafting(len(live))) else set()
         new = speculative_step(self.rows, self.drafter, self.schedule, self.fixed, requests, drafting,
                                self.counters.speculation)
+        self.decode_seconds = time.perf_counter() - start
         if self.gate is not None and asking:
-            self.gate.update(len(live), bool(drafting), sum(map(len, new.values())), time.perf_counter() - start)
+            self.gate.update(len(live), bool(drafting), sum(map(len, new.values())), self.decode_seconds)
         for b in live:
             self._emit(b, new[b])
 

@@ -142,6 +142,6 @@ def logprobs(logits: torch.Tensor, ids: list[int], top: int) -> list[tuple[float
     the `top` most likely ids with theirs. Of the model's own distribution (before temperature,
     top-k and top-p), as vLLM reports them by default."""
     lp = torch.log_softmax(logits[:len(ids)].float(), -1)
-    chosen = lp[torch.arange(len(ids)), torch.tensor(ids)].tolist()
+    chosen = lp[torch.arange(len(ids)), torch.tensor(ids, dtype=torch.long)].tolist()  # ids may be []
     values, indices = lp.topk(top, -1) if top else (lp[:, :0], lp[:, :0].long())
     return [(c, list(zip(i, v))) for c, i, v in zip(chosen, indices.tolist(), values.tolist())]

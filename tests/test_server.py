@@ -233,6 +233,58 @@ def test_concurrent_clients_get_their_solo_output(server, model):
         assert ids == solo(model, prompt, 32, **sampling), (prompt, sampling, spec)
 
 
+def test_a_newcomers_prompt_is_read_between_the_running_rows_tokens(model):
+    """With nothing decoding, a long prompt is read in one pass. While a row decodes, a
+    newcomer's prompt is read a chunk a step, sized by time (on a CPU a token of prompt costs
+    far more than 1/PREFILL_CHUNK of a decode pass, so the chunks are small, but at least
+    PREFILL_MIN tokens), and the running row gets a token every one of those steps. Both answers
+    are their solo output. In process, one step at a time."""
+    from specdec.batcher import PREFILL_CHUNK, PREFILL_MIN, Batcher, Job
+    from specdec.request import check_request
+
+    batcher = Batcher(model, None, max_batch=2, context=1024)
+    long = "Summarize this: " + " ".join(PROMPTS * 6)
+    running, newcomer = (Job(check_request(model, model.tokenizer, long, 64, chat=True, context=1024),
+                             lambda *_: None) for _ in range(2))
+    running.request.eos = newcomer.request.eos = ()  # the running row must outlast the newcomer's prompt
+    running.prompt_logprobs, newcomer.prompt_logprobs = [], []  # scored in one pass, and in chunks
+    assert 4 * PREFILL_MIN < len(running.request.prompt_ids) < PREFILL_CHUNK
+    batcher.submit(running)
+    batcher.step()  # its whole prompt and the first token, then a decode pass
+    assert running.read == len(running.request.prompt_ids) and len(running.request.out) == 2
+    batcher.submit(newcomer)
+    chunks = []
+    while newcomer.read < len(newcomer.request.prompt_ids):
+        read, out = newcomer.read, len(running.request.out)
+        batcher.step()
+        chunks.append(newcomer.read - read)
+        assert len(running.request.out) == out + 1
+    assert len(chunks) > 2 and all(c >= PREFILL_MIN for c in chunks[:-1]), chunks
+    while any(batcher.slots):
+        batcher.step()
+    want = solo(model, long, 64)
+    assert running.request.out[:len(want)] == want and newcomer.request.out[:len(want)] == want
+    assert newcomer.prompt_logprobs == running.prompt_logprobs
+
+
+def test_a_prompt_whose_last_chunk_is_one_token_is_scored_as_in_one_pass(model):
+    """The last position of a prompt scores nothing: a last chunk of one token scores no token."""
+    from specdec.batcher import Batcher, Job
+    from specdec.request import check_request
+
+    scores = []
+    for chunk in (512, len(chat_ids(model, PROMPTS[0])) - 1):
+        batcher = Batcher(model, None, max_batch=1, context=256, prefill_chunk=chunk)
+        job = Job(check_request(model, model.tokenizer, PROMPTS[0], 4, chat=True, context=256), lambda *_: None)
+        job.prompt_logprobs = []
+        batcher.submit(job)
+        while any(batcher.slots) or batcher.waiting:
+            batcher.step()
+        assert job.request.reason == "length"
+        scores.append(job.prompt_logprobs)
+    assert len(scores[0]) == len(chat_ids(model, PROMPTS[0])) - 1 and scores[1] == scores[0]
+
+
 def test_a_model_draft_serves_the_solo_output_too(drafting_server, model):
     """The shipped draft model: its rows batch like the target's, its drafts are accepted, and
     each answer is still the solo output. A fixed k: `auto` may learn to leave the draft idle."""
