@@ -59,6 +59,11 @@ class Job:
     prompt_logprobs: list | None = None  # [] to have each prompt token after the first scored (sampling.logprobs)
     started: float = field(default_factory=time.perf_counter)
 
+    @property
+    def prompt_read(self) -> bool:
+        """Its whole prompt is in the cache: the row decodes."""
+        return self.read == len(self.request.prompt_ids)
+
 
 @dataclass
 class Counters:
@@ -184,7 +189,7 @@ class Batcher:
         """One step: admit newcomers, read a chunk of prompts, then draft and verify every running row."""
         self._admit()
         self._read_prompts(self._prompt_budget())
-        live = [b for b, job in enumerate(self.slots) if job is not None and job.read == len(job.request.prompt_ids)]
+        live = [b for b, job in enumerate(self.slots) if job is not None and job.prompt_read]
         if live:
             self._decode(live)
 
@@ -205,7 +210,7 @@ class Batcher:
         """Prompt tokens this step reads: prefill_chunk while no row decodes; otherwise about as
         many as take as long as the last decode pass, at least PREFILL_MIN. Where rows are not
         invariant (self.fixed), blocks must not depend on clocks: prefill_chunk always."""
-        decoding = any(job is not None and job.read == len(job.request.prompt_ids) for job in self.slots)
+        decoding = any(job is not None and job.prompt_read for job in self.slots)
         if self.fixed is not None or not decoding or self.seconds_per_prompt_token is None \
                 or self.decode_seconds is None:
             return self.prefill_chunk
@@ -216,7 +221,7 @@ class Batcher:
         """Up to `budget` prompt tokens, oldest request first; a row whose prompt is read
         chooses its first token from the last position, as generate's prefill does."""
         blocks = [[] for _ in self.slots]
-        for b in sorted((b for b, j in enumerate(self.slots) if j and j.read < len(j.request.prompt_ids)),
+        for b in sorted((b for b, j in enumerate(self.slots) if j and not j.prompt_read),
                         key=lambda b: self.slots[b].started):
             job = self.slots[b]
             blocks[b] = job.request.prompt_ids[job.read: job.read + budget]
@@ -241,7 +246,7 @@ class Batcher:
             job.read += len(blocks[b])
             self.counters.prompt_tokens += len(blocks[b])
             r = job.request
-            if job.read == len(r.prompt_ids):
+            if job.prompt_read:
                 new = r.add([choose(logits[b][-1], r.params, r.noise, len(r.prompt_ids))], logits[b][-1:])
                 self._emit(b, new)
 
