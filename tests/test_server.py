@@ -619,7 +619,7 @@ def test_soak_memory_flat_and_nothing_lost():
             return next(int(line.split()[1]) for line in f if line.startswith("VmRSS")) // 1024
 
     async def one(client, i):
-        body = {"prompt": f"{i}: " + "word " * rng.randint(1, 60), "max_tokens": rng.randint(1, 12),
+        body = {"prompt": f"{i}: " + "word " * rng.randint(1, 24), "max_tokens": rng.randint(1, 12),
                 "temperature": rng.choice([0, 0.7]), "seed": i, "stream": rng.random() < 0.5,
                 "speculative": rng.random() < 0.8, "stop": rng.choice([None, None, "\n", " word"]),
                 "logprobs": rng.choice([None, None, None, 2]), "echo": rng.random() < 0.1}
