@@ -118,7 +118,9 @@ def test_a_competing_process_is_flagged_and_its_trials_are_run_again(tmp_path):
             p.wait()
     machine, records = busy["machine"], busy["records"]
     assert machine["busy"], machine
-    assert machine["others_cores"] > clean["machine"]["others_cores"] + 0.1  # less: re-runs wait for quiet
+    # Over the whole run the two took 0.10-0.12 cores on a Zen 3 VM (re-runs wait for quiet), against
+    # 0.01 without them: a margin of 0.1 failed now and then.
+    assert machine["others_cores"] > clean["machine"]["others_cores"] + 0.05
     # The trials that met a burst were run again, and each kept the time of the run that met it.
     rerun = [r for r in records if "stalled_seconds" in r]
     assert rerun and sum(m["rerun"] for m in machine["reruns"].values()) == len(rerun)
