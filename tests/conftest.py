@@ -16,11 +16,12 @@ def torch_threads(request):
 
 @pytest.fixture(scope="session", autouse=True)
 def one_timing_per_pass_size():
-    """The benchmark times every pass size 15 times for its cost table (a minute of float32
-    passes on two cores); the tests read the table's shape and use, not its precision, so
+    """The benchmark times every pass size 9-15 times for its cost tables (a minute of float32
+    passes on two cores); the tests read the tables' shape and use, not their precision, so
     here each size is timed once after a warm-up round."""
-    from specdec.bench import runner
+    from specdec.bench import batched, runner
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(runner, "forward_ms", functools.partial(runner.forward_ms, rounds=1, reps=1))
+        for module, name in ((runner, "forward_ms"), (batched, "batch_forward_ms")):
+            mp.setattr(module, name, functools.partial(getattr(module, name), rounds=1, reps=1))
         yield
