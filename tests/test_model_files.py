@@ -88,6 +88,34 @@ def test_fuzzed_gguf_files(good, tmp_path, engine):
     assert outcomes["cut at 0.0"] == outcomes["cut at 0.6"] == "refused", outcomes
 
 
+def test_a_gguf_file_is_checked_before_llama_cpp_gets_it(good, tmp_path):
+    """What is wrong is named: the header cut, a tensor cut, a key given twice, an unknown type."""
+    import struct
+
+    from specdec.models.loading import check_gguf
+
+    data = good["gguf"].read_bytes()
+    check_gguf(good["gguf"])
+
+    def refused(bad: bytes, what: str):
+        path = tmp_path / "bad.gguf"
+        path.write_bytes(bad)
+        with pytest.raises(ModelFileError, match=what) as e:
+            check_gguf(path)
+        assert str(path) in str(e.value)
+
+    refused(data[:100], "header runs past the end")
+    refused(data[:int(len(data) * 0.6)], "tensor .* runs past the end of the file")
+    refused(data[:4] + struct.pack("<I", 1) + data[8:], "GGUF version 1")
+    # The first metadata entry: key length (u64), key, value type (u32), then its string value.
+    n = struct.unpack_from("<Q", data, 24)[0]
+    assert struct.unpack_from("<I", data, 32 + n)[0] == 8  # a string
+    refused(data[:32 + n] + struct.pack("<I", 99) + data[36 + n:], "99 is not a valid GGUFValueType")
+    end = 36 + n + 8 + struct.unpack_from("<Q", data, 36 + n)[0]
+    n_kv = struct.unpack_from("<Q", data, 16)[0]
+    refused(data[:16] + struct.pack("<Q", n_kv + 1) + data[24:end] + data[24:end] + data[end:], "appears twice")
+
+
 @pytest.mark.parametrize("kind", ["llama", "gpt2"])
 @pytest.mark.parametrize("engine", ENGINES)
 def test_fuzzed_safetensors_and_configs(good, tmp_path, kind, engine):

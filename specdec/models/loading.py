@@ -128,6 +128,10 @@ def check_gguf(path: Path) -> None:
                 tensors.append((name, dims, kind, offset))
         except struct.error:
             raise ModelFileError(f"{path}: its header runs past the end of the file (cut short?)") from None
+        except ModelFileError:
+            raise
+        except ValueError as e:  # an unknown value or tensor type, a name that is not UTF-8
+            raise ModelFileError(f"{path}: {e}") from None
         data_start = -(-pos // alignment) * alignment
     if not tensors:
         raise ModelFileError(f"{path}: a GGUF file without tensors")
