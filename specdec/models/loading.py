@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 from contextlib import contextmanager
 from pathlib import Path
@@ -120,7 +121,7 @@ def check_gguf(path: Path) -> None:
             tensors = []
             for _ in range(n_tensors):
                 name, n_dims = text(), take("I")
-                if not 1 <= n_dims <= 4:
+                if n_dims > 4:  # GGML_MAX_DIMS
                     raise ModelFileError(f"{path}: tensor {name} has {n_dims} dimensions")
                 dims = struct.unpack_from(f"<{n_dims}Q", buf, pos)
                 skip(8 * n_dims)
@@ -139,12 +140,9 @@ def check_gguf(path: Path) -> None:
         raise ModelFileError(f"{path}: a tensor name appears twice")
     for name, dims, kind, offset in tensors:
         block, type_size = GGML_QUANT_SIZES[kind]
-        if dims[0] % block or offset % alignment:
+        if (dims[0] if dims else 1) % block or offset % alignment:
             raise ModelFileError(f"{path}: tensor {name}'s shape or offset does not fit its type {kind.name}")
-        n = 1
-        for d in dims:
-            n *= d
-        if data_start + offset + n // block * type_size > size:
+        if data_start + offset + math.prod(dims) // block * type_size > size:
             raise ModelFileError(f"{path}: tensor {name} runs past the end of the file (cut short?)")
 
 
