@@ -53,8 +53,8 @@ def reading(source):
 def check_gguf(path: Path) -> None:
     """Refuse a GGUF file whose header, metadata or tensor table does not hold together, or
     whose tensors run past its end, before llama.cpp is handed it. The header is walked with
-    struct rather than gguf's GGUFReader, which builds a numpy view per array item: 30-45 s
-    for Gemma-3's 262k-token vocabulary on two cores, against a fraction of a second."""
+    struct rather than gguf's GGUFReader, which builds a numpy view per array item: for
+    Gemma-3's 262k-token vocabulary about 33 s against 0.3 s (one Zen 3 core)."""
     import mmap
     import struct
 
