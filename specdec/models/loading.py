@@ -98,41 +98,39 @@ def check_gguf(path: Path) -> None:
                 for _ in range(count):
                     skip_values(*take("IQ"))
 
-        try:
-            magic, version, n_tensors, n_kv = take("IIQQ")
-            if magic != GGUF_MAGIC:
-                raise ModelFileError(f"{path}: not a GGUF file (no GGUF magic)")
-            if version not in (2, 3):
-                raise ModelFileError(f"{path}: GGUF version {version}; llama.cpp here reads versions 2 and 3")
-            keys, alignment = set(), GGUF_DEFAULT_ALIGNMENT
-            for _ in range(n_kv):
-                key, kind = text(), take("I")
-                if key in keys:
-                    raise ModelFileError(f"{path}: metadata key {key} appears twice")
-                keys.add(key)
-                if key == "general.alignment":
-                    if kind != GGUFValueType.UINT32:
-                        raise ModelFileError(f"{path}: general.alignment is not a uint32")
-                    alignment = take("I")
-                    if alignment == 0 or alignment & (alignment - 1):
-                        raise ModelFileError(f"{path}: alignment {alignment} is not a power of two")
-                else:
-                    skip_values(kind, 1)
-            tensors = []
-            for _ in range(n_tensors):
-                name, n_dims = text(), take("I")
-                if n_dims > 4:  # GGML_MAX_DIMS
-                    raise ModelFileError(f"{path}: tensor {name} has {n_dims} dimensions")
-                dims = struct.unpack_from(f"<{n_dims}Q", buf, pos)
-                skip(8 * n_dims)
-                kind, offset = GGMLQuantizationType(take("I")), take("Q")
-                tensors.append((name, dims, kind, offset))
-        except struct.error:
-            raise ModelFileError(f"{path}: its header runs past the end of the file (cut short?)") from None
-        except ModelFileError:
-            raise
-        except ValueError as e:  # an unknown value or tensor type, a name that is not UTF-8
-            raise ModelFileError(f"{path}: {e}") from None
+        # An unknown value or tensor type, a name that is not UTF-8: reading() names the file.
+        with reading(path):
+            try:
+                magic, version, n_tensors, n_kv = take("IIQQ")
+                if magic != GGUF_MAGIC:
+                    raise ModelFileError(f"{path}: not a GGUF file (no GGUF magic)")
+                if version not in (2, 3):
+                    raise ModelFileError(f"{path}: GGUF version {version}; llama.cpp here reads versions 2 and 3")
+                keys, alignment = set(), GGUF_DEFAULT_ALIGNMENT
+                for _ in range(n_kv):
+                    key, kind = text(), take("I")
+                    if key in keys:
+                        raise ModelFileError(f"{path}: metadata key {key} appears twice")
+                    keys.add(key)
+                    if key == "general.alignment":
+                        if kind != GGUFValueType.UINT32:
+                            raise ModelFileError(f"{path}: general.alignment is not a uint32")
+                        alignment = take("I")
+                        if alignment == 0 or alignment & (alignment - 1):
+                            raise ModelFileError(f"{path}: alignment {alignment} is not a power of two")
+                    else:
+                        skip_values(kind, 1)
+                tensors = []
+                for _ in range(n_tensors):
+                    name, n_dims = text(), take("I")
+                    if n_dims > 4:  # GGML_MAX_DIMS
+                        raise ModelFileError(f"{path}: tensor {name} has {n_dims} dimensions")
+                    dims = struct.unpack_from(f"<{n_dims}Q", buf, pos)
+                    skip(8 * n_dims)
+                    kind, offset = GGMLQuantizationType(take("I")), take("Q")
+                    tensors.append((name, dims, kind, offset))
+            except struct.error:
+                raise ModelFileError(f"{path}: its header runs past the end of the file (cut short?)") from None
         data_start = -(-pos // alignment) * alignment
     if not tensors:
         raise ModelFileError(f"{path}: a GGUF file without tensors")
