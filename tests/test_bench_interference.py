@@ -86,15 +86,10 @@ PROMPTS = [
         "Read the passage and answer the question.\n\nPassage: The Lindenfeld public library opened in 1892 in two "
         "rooms above the old grain exchange. It moved to its present building on Canal Street in 1958 and today "
         "holds about 310,000 books.\n\nQuestion: Where is the library today, and since when? Quote the passage."]},
-    {"id": "code", "category": "coding", "turns": [
-        "Rename the variable `total` to `subtotal` in this function and return the whole function:\n\n"
-        "def price(items):\n    total = 0\n    for item in items:\n        total += item.price * item.count\n"
-        "    return total\n"]},
     {"id": "sum", "category": "summarization", "turns": [
         "Summarize in two sentences: The river Alder floods most springs. In 1911 the town built a stone wall "
         "along its east bank, and in 1974 a second wall on the west bank. Since then the town square has stayed "
         "dry, but the fields downstream flood more often than before."]},
-    {"id": "write", "category": "writing", "turns": ["Write a short poem about a lighthouse keeper."]},
 ]
 
 
@@ -118,7 +113,7 @@ def test_a_competing_process_is_flagged_and_its_trials_are_run_again(tmp_path):
             p.wait()
     machine, records = busy["machine"], busy["records"]
     assert machine["busy"], machine
-    # Over the whole run the two took 0.10-0.12 cores on a Zen 3 VM (re-runs wait for quiet), against
+    # Over the whole run the two took 0.10-0.21 cores on a Zen 3 VM (re-runs wait for quiet), against
     # 0.01 without them: a margin of 0.1 failed now and then.
     assert machine["others_cores"] > clean["machine"]["others_cores"] + 0.05
     # The trials that met a burst were run again, and each kept the time of the run that met it.

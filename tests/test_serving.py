@@ -49,7 +49,7 @@ NO_REPACK = ["--no-repack"] if amx_cpu() else []
 def start(args: list[str]):
     port = free_port()
     proc = subprocess.Popen([str(LLAMA_SERVER), *args, *NO_REPACK, "--host", "127.0.0.1", "--port", str(port),
-                             "--metrics", "-c", "2048", "-t", "1", "-np", "2"], stdout=subprocess.DEVNULL,
+                             "--metrics", "-c", "2048", "-t", "2", "-np", "2"], stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     deadline = time.time() + 120
@@ -79,7 +79,7 @@ def servers():
         ngram, ngram_url = start(["-m", str(target), "--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", "3",
                                   "--spec-ngram-simple-size-m", "8"])  # a 3-gram lookup, as ours
         procs.append(ngram)
-        spec, spec_url = start(["-m", str(target), "-md", str(draft), "--spec-type", "draft-simple", "-td", "1"])
+        spec, spec_url = start(["-m", str(target), "-md", str(draft), "--spec-type", "draft-simple", "-td", "2"])
         procs.append(spec)
         yield {"plain": plain_url, "ngram": ngram_url, "spec": spec_url}
     finally:
